@@ -1,0 +1,57 @@
+// What a task body (and a subscriber's decoder) may do besides computing: emit dynamic tasks,
+// retire unused bound, arrive on events, reach the symmetric heap, and fail with a reported
+// error. One type on host and device.
+#pragma once
+
+#include "runtime/protocol.hpp"
+#include "runtime/symmetric.hpp"
+
+namespace loom {
+
+class TaskContext {
+ public:
+  LOOM_HD TaskContext(RuntimeState const& state, std::uint64_t epoch, WaiterId who,
+                      SymmetricView const& heap, void* shared_memory)
+      : state_(state), epoch_(epoch), who_(who), heap_(heap), shared_(shared_memory) {}
+
+  LOOM_HD std::uint32_t rank() const { return state_.rank; }
+  LOOM_HD std::uint32_t world() const { return state_.world; }
+  LOOM_HD std::uint64_t epoch() const { return epoch_; }
+  LOOM_HD std::uint32_t actor_index() const { return who_.block; }
+  LOOM_HD SymmetricView const& heap() const { return heap_; }
+  // Device: the block's dynamic shared memory (the pipeline's largest shared_bytes). Host: null.
+  LOOM_HD void* shared_memory() const { return shared_; }
+
+  // Emits a dynamic task; counted against the graph's dynamic bound. Device: one thread calls.
+  LOOM_HD bool emit(Task const& task) const {
+    Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
+    return emit_task(state_, task, who_, dog);
+  }
+  // Gives back n tasks of the dynamic bound that this launch will not emit. Device: one thread.
+  LOOM_HD void retire(std::uint32_t n) const { retire_slack(state_, n); }
+  // One arrival on event e (besides the task's own completion). Device: one thread calls.
+  LOOM_HD bool arrive(EventId e) const {
+    Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
+    return loom::arrive(state_, e, epoch_, who_, dog);
+  }
+  // A watchdog for a wait inside a task body (e.g. on a peer's signal).
+  LOOM_HD Watchdog watchdog(WaitSite site, std::uint32_t object) const {
+    return Watchdog(*state_.error, who_, state_.watchdog_ns, site, object);
+  }
+  // Records a failed check of the running task; the launch ends and the host raises it.
+  LOOM_HD void fail(std::uint32_t task_type, std::uint32_t line, std::uint64_t a,
+                    std::uint64_t b) const {
+    raise_error(*state_.error, ErrorCode::task_assert, Actor::task, who_.block, who_.rank, line,
+                task_type, a, b);
+  }
+  LOOM_HD bool failed() const { return has_error(*state_.error); }
+
+ private:
+  RuntimeState const& state_;
+  std::uint64_t epoch_;
+  WaiterId who_;
+  SymmetricView const& heap_;
+  void* shared_;
+};
+
+}  // namespace loom

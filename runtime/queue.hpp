@@ -1,0 +1,57 @@
+// Bounded multi-producer, single-consumer queue of 32-bit entries (ready task refs, idle
+// processor reports). Positions only grow, across launches too: slot `pos % capacity` carries a
+// sequence word that says whose turn it is (free for pos: seq == pos; full: seq == pos + 1), so
+// nothing is reset between launches. Initialise seq[i] = i once, at allocation.
+#pragma once
+
+#include "runtime/watchdog.hpp"
+
+namespace loom {
+
+struct QueueView {
+  std::uint64_t* tail;  // next position a producer takes (fetch_add)
+  std::uint64_t* head;  // next position the consumer reads; written by the consumer only
+  std::uint64_t* seq;   // [capacity]
+  std::uint32_t* items; // [capacity]
+  std::uint32_t capacity;
+  std::uint32_t id;     // named in overflow and watchdog errors
+};
+
+// Any thread. Waits (bounded) only when the consumer has fallen a full lap behind, which a queue
+// sized for a launch's tasks never does. Returns false if the wait ended on an error.
+LOOM_HD LOOM_INLINE bool queue_push(QueueView q, std::uint32_t item, Watchdog& dog) {
+  std::uint64_t const pos = fetch_add_relaxed(*q.tail, std::uint64_t{1});
+  chaos_point();  // a producer stalled between its ticket and its write
+  std::uint64_t const slot = pos % q.capacity;
+  std::uint64_t s;
+  while ((s = load_acquire(q.seq[slot])) != pos) {
+    if (!dog.keep_waiting(pos, s)) return false;
+  }
+  store_relaxed(q.items[slot], item);
+  store_release(q.seq[slot], pos + 1);
+  return true;
+}
+
+// The consumer alone. True and the entry at `pos` when a producer has filled it.
+LOOM_HD LOOM_INLINE bool queue_peek(QueueView q, std::uint64_t pos, std::uint32_t& item) {
+  std::uint64_t const slot = pos % q.capacity;
+  if (load_acquire(q.seq[slot]) != pos + 1) return false;
+  item = load_relaxed(q.items[slot]);
+  return true;
+}
+
+// The consumer alone, after queue_peek succeeded at `pos`: hands the slot back to producers.
+LOOM_HD LOOM_INLINE void queue_release(QueueView q, std::uint64_t pos) {
+  store_release(q.seq[pos % q.capacity], pos + q.capacity);
+}
+
+// The consumer alone: pops one entry if one is there.
+LOOM_HD LOOM_INLINE bool queue_try_pop(QueueView q, std::uint32_t& item) {
+  std::uint64_t const pos = load_relaxed(*q.head);
+  if (!queue_peek(q, pos, item)) return false;
+  queue_release(q, pos);
+  store_relaxed(*q.head, pos + 1);
+  return true;
+}
+
+}  // namespace loom

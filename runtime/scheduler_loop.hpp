@@ -1,0 +1,104 @@
+// The scheduler actor: one thread that moves ready tasks to idle processors until every task of
+// the launch, static and dynamic, has completed, then ends the launch. The same loop runs on a
+// CPU-executor thread and on lane 0 of the GPU's scheduler warp.
+#pragma once
+
+#include "runtime/protocol.hpp"
+#include "scheduler/ready_list.hpp"
+
+namespace loom {
+
+// Scans the events for one that has not fired in this launch (for the watchdog's message).
+LOOM_HD LOOM_INLINE EventId first_unfired_event(RuntimeState const& s, std::uint64_t epoch,
+                                                std::uint64_t& expected, std::uint64_t& seen) {
+  for (EventId e = 0; e < s.graph.event_count; ++e) {
+    std::uint64_t const a = load_relaxed(s.event_arrivals[e]);
+    std::uint64_t const target = epoch * s.graph.events[e].expected;
+    if (a < target) {
+      expected = s.graph.events[e].expected;
+      seen = a - (epoch - 1) * s.graph.events[e].expected;
+      return e;
+    }
+  }
+  return kNoEvent;
+}
+
+// Ends the launch: every actor is told to stop; on success the per-launch counters are cleared and
+// the epoch advances, so the next launch starts clean without the host touching anything.
+LOOM_HD LOOM_INLINE void end_launch(RuntimeState const& s, std::uint64_t epoch, bool ok) {
+  Counters& c = *s.counters;
+  if (ok) {
+    store_relaxed(c.dynamic_emitted.value, std::uint64_t{0});
+    store_relaxed(c.retired.value, std::uint64_t{0});
+    store_relaxed(c.subscribers_in.value, std::uint64_t{0});
+  }
+  store_release(c.stopped.value, epoch);
+  for (std::uint32_t p = 0; p < s.processors; ++p) doorbell_ring(s.doorbells[p], kStopRef);
+  if (ok) store_release(c.epoch.value, epoch + 1);
+}
+
+template <class Policy>
+LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
+  Counters& c = *s.counters;
+  std::uint64_t const epoch = load_acquire(c.epoch.value);
+  std::uint64_t const total = std::uint64_t{s.graph.task_count} + s.graph.dynamic_bound;
+
+  ReadyList<Policy> ready(s.ready_list, s.task_capacity());
+  for (std::uint32_t i = 0; i < s.graph.root_count; ++i) {
+    TaskId const t = s.graph.roots[i];
+    ready.push(ready_entry(t, s.graph.tasks[t].header.priority));
+  }
+
+  std::uint32_t idle = 0;        // processors waiting, ids in s.idle_list[0, idle)
+  std::uint64_t completed = 0;   // tasks reported done by processors
+  Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
+  bool ok = true;
+  for (;;) {
+    bool progress = false;
+    std::uint32_t entry;
+    while (queue_try_pop(s.ready, entry)) {
+      ready.push(entry);
+      progress = true;
+    }
+    while (queue_try_pop(s.idle, entry)) {
+      if (entry & kCompletedBit) ++completed;
+      s.idle_list[idle++] = entry & ~kCompletedBit;
+      progress = true;
+    }
+    while (idle > 0 && !ready.empty()) {
+      doorbell_ring(s.doorbells[s.idle_list[--idle]], ready.pop());
+      progress = true;
+    }
+
+    std::uint64_t const retired = load_acquire(c.retired.value);
+    std::uint64_t const emitted = load_relaxed(c.dynamic_emitted.value);
+    if (emitted + retired > s.graph.dynamic_bound) {
+      raise_error(*s.error, ErrorCode::retire_overshoot, who.actor, who.block, who.rank, 0, 0,
+                  s.graph.dynamic_bound, emitted + retired);
+      ok = false;
+      break;
+    }
+    if (completed + retired == total && idle == s.processors &&
+        load_acquire(c.subscribers_in.value) == s.subscribers)
+      break;
+
+    if (progress) {
+      dog.reset();
+      continue;
+    }
+    Watchdog::Poll const p = dog.poll();
+    if (p == Watchdog::Poll::keep_waiting) continue;
+    if (p == Watchdog::Poll::expired) {
+      std::uint64_t expected = total, seen = completed + retired;
+      EventId const e = first_unfired_event(s, epoch, expected, seen);
+      raise_error(*s.error, ErrorCode::watchdog, who.actor, who.block, who.rank,
+                  static_cast<std::uint32_t>(WaitSite::scheduler_progress), e, expected, seen);
+    }
+    ok = false;
+    break;
+  }
+  if (ok && has_error(*s.error)) ok = false;
+  end_launch(s, epoch, ok);
+}
+
+}  // namespace loom

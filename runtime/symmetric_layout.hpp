@@ -1,0 +1,59 @@
+// Host-side layout builder for the symmetric heap: named regions at fixed offsets, identical on
+// every rank. HostSymmetricHeap backs it with one host allocation per virtual rank (CPU executor).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/error.hpp"
+#include "runtime/symmetric.hpp"
+
+namespace loom {
+
+struct Region {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
+class SymmetricLayout {
+ public:
+  // Reserves `bytes` (aligned to `align`) under a unique name.
+  Region add(std::string name, std::uint64_t bytes, std::uint64_t align = 256);
+  template <class T>
+  Region add_array(std::string name, std::uint64_t count) {
+    return add(std::move(name), count * sizeof(T), alignof(T) > 256 ? alignof(T) : 256);
+  }
+  Region find(std::string const& name) const;
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  struct Named {
+    std::string name;
+    Region region;
+  };
+  std::vector<Named> regions_;
+  std::uint64_t bytes_ = 0;
+};
+
+// One zeroed host allocation per rank, for the CPU executor's virtual ranks.
+class HostSymmetricHeap {
+ public:
+  HostSymmetricHeap(SymmetricLayout const& layout, std::uint32_t world);
+  std::uint32_t world() const { return world_; }
+  SymmetricView view(std::uint32_t rank) const;
+  template <class T>
+  T* local(std::uint32_t rank, Region r) const {
+    return reinterpret_cast<T*>(storage_[rank].get() + r.offset);
+  }
+
+ private:
+  struct Free {
+    void operator()(unsigned char* p) const;
+  };
+  std::uint32_t world_;
+  std::uint64_t bytes_;
+  std::vector<std::unique_ptr<unsigned char[], Free>> storage_;
+};
+
+}  // namespace loom
