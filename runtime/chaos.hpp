@@ -6,22 +6,20 @@
 
 #include "runtime/config.hpp"
 
-#if !LOOM_DEVICE_PASS
 #include <chrono>
 #include <random>
 #include <thread>
-#endif
 
 namespace loom {
 
-#if !LOOM_DEVICE_PASS
+// Host-only state; declared in both compilation passes because host templates that are parsed in
+// the device pass (the CPU executor) name it.
 struct ChaosState {
   std::mt19937_64 rng;
   std::uint32_t delay_per_mille;  // chance of a pause at each point, per thousand
   std::uint32_t max_delay_us;
 };
 inline thread_local ChaosState* tls_chaos = nullptr;
-#endif
 
 LOOM_HD LOOM_INLINE void chaos_point() {
 #if !LOOM_DEVICE_PASS

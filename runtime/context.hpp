@@ -45,6 +45,11 @@ class TaskContext {
                 task_type, a, b);
   }
   LOOM_HD bool failed() const { return has_error(*state_.error); }
+  // Records that a descriptor named a type outside the pipeline (`types` long).
+  LOOM_HD void report_unknown_type(std::uint32_t type, std::uint32_t types) const {
+    raise_error(*state_.error, ErrorCode::bad_task_type, who_.actor, who_.block, who_.rank, 0, type,
+                types, type);
+  }
 
  private:
   RuntimeState const& state_;

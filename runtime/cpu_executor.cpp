@@ -20,7 +20,7 @@ ErrorRecord HostRankState::take_error() {
   return e;
 }
 
-void HostRankState::reinitialize() { layout_.initialize(arena_.get()); }
+void HostRankState::reinitialize(std::uint64_t epoch) { layout_.initialize(arena_.get(), epoch); }
 
 std::vector<TraceRecord> HostRankState::take_trace() {
   std::vector<TraceRecord> out;

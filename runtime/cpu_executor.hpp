@@ -40,9 +40,9 @@ class HostRankState {
  public:
   HostRankState(Graph graph, StateOptions const& options);
   RuntimeState const& state() const { return state_; }
-  // Reads and, if set, clears the launch's error record; re-initialises after an error.
   ErrorRecord take_error();
-  void reinitialize();
+  // Re-initialises after a failed launch; the next launch is number `epoch`.
+  void reinitialize(std::uint64_t epoch);
   std::vector<TraceRecord> take_trace();
   std::uint64_t epoch() const { return state_.counters->epoch.value; }
 
@@ -141,10 +141,10 @@ class CpuExecutor {
         run_scheduler<Policy>(s, WaiterId{Actor::scheduler, 0, r});
       }));
       for (std::uint32_t p = 0; p < options_.processors; ++p)
-        bodies.push_back(with_chaos([&s, p, heap] { run_processor_host<Pipeline>(s, p, heap); }));
+        bodies.push_back(with_chaos([&s, p, heap] { run_processor_host<Pipeline, Policy>(s, p, heap); }));
       for (std::uint32_t i = 0; i < options_.subscribers; ++i)
         bodies.push_back(with_chaos([&s, i, heap, this, r] {
-          run_subscriber_host(s, i, decoders_[r], heap);
+          run_subscriber(s, i, decoders_[r], heap);
         }));
     }
     pool_.run_all(bodies);
@@ -154,7 +154,10 @@ class CpuExecutor {
       if (e.code != 0 && message.empty()) message = describe(e, Pipeline::names, Pipeline::size);
     }
     if (!message.empty()) {
-      for (auto& rank : ranks_) rank->reinitialize();
+      // Every rank restarts at one epoch past the failed launch, together.
+      std::uint64_t epoch = 0;
+      for (auto& rank : ranks_) epoch = std::max(epoch, rank->epoch());
+      for (auto& rank : ranks_) rank->reinitialize(epoch + 1);
       throw Error(message);
     }
   }

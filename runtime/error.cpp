@@ -56,8 +56,21 @@ std::string describe(ErrorRecord const& e, char const* const* type_names, std::u
   };
   switch (code) {
     case ErrorCode::watchdog:
-      os << ": waited on " << to_string(static_cast<WaitSite>(e.site)) << " #" << e.object
-         << ", expected " << e.expected << ", saw " << e.seen;
+      if (static_cast<WaitSite>(e.site) == WaitSite::scheduler_progress) {
+        os << ": no task completed or became ready within the watchdog bound; ";
+        if (e.object != 0xFFFFFFFFu)
+          os << "event " << e.object << " expected " << e.expected << " arrivals in this launch, saw "
+             << e.seen;
+        else
+          os << "expected " << e.expected << " tasks completed or retired, saw " << e.seen
+             << " (part of the dynamic bound was neither emitted nor retired)";
+      } else if (static_cast<WaitSite>(e.site) == WaitSite::signal) {
+        os << ": waited on a signal from peer rank " << e.object << ", expected " << e.expected
+           << ", saw " << e.seen;
+      } else {
+        os << ": waited on " << to_string(static_cast<WaitSite>(e.site)) << " #" << e.object
+           << ", expected " << e.expected << ", saw " << e.seen;
+      }
       break;
     case ErrorCode::event_overshoot:
     case ErrorCode::event_incomplete:

@@ -66,7 +66,8 @@ struct Pipeline {
     return encode_task(id<T>, payload, completes, id_, priority);
   }
 
-  // Runs the host body of the task's type. False (and an error recorded) for an unknown type.
+  // Runs the host body of the task's type. For a type not in the list: records bad_task_type in the
+  // launch's error record and returns false.
   static bool run_host(Task const& task, TaskContext& ctx) {
     return run_host_impl(task, ctx, std::index_sequence_for<Types...>{});
   }
@@ -85,17 +86,19 @@ struct Pipeline {
                              ? (Types::host(task.as<typename Types::Payload>(), ctx), true)
                              : false) ||
                         ...);
-    if (!known) ctx.fail(task.header.type, 0, size, task.header.type);
+    if (!known) ctx.report_unknown_type(task.header.type, size);
     return known;
   }
 #if defined(__CUDACC__)
   template <std::size_t... I>
   __device__ static bool run_device_impl(Task const& task, TaskContext& ctx,
                                          std::index_sequence<I...>) {
-    return ((task.header.type == I
-                 ? (Types::device(task.as<typename Types::Payload>(), ctx), true)
-                 : false) ||
-            ...);
+    bool const known = ((task.header.type == I
+                             ? (Types::device(task.as<typename Types::Payload>(), ctx), true)
+                             : false) ||
+                        ...);
+    if (!known) ctx.report_unknown_type(task.header.type, size);
+    return known;
   }
 #endif
 };

@@ -14,22 +14,23 @@ LOOM_HD LOOM_INLINE bool make_ready(RuntimeState const& s, TaskRef ref, std::uin
   return queue_push(s.ready, ready_entry(ref, priority), dog);
 }
 
-// A static task's gate event fired: the task runs once all its gate events have fired.
-LOOM_HD LOOM_INLINE bool release_task(RuntimeState const& s, TaskId t, std::uint64_t epoch,
-                                      Watchdog& dog) {
+// A static task's gate event fired: true when that was its last gate (it is ready now).
+LOOM_HD LOOM_INLINE bool gate_opened(RuntimeState const& s, TaskId t, std::uint64_t epoch) {
   std::uint32_t const gates = s.graph.gate_counts[t];
-  if (gates > 1) {
-    std::uint64_t const arrived = fetch_add_acq_rel(s.gate_arrivals[t], std::uint64_t{1}) + 1;
-    if (arrived != epoch * gates) return true;
-  }
-  return make_ready(s, t, s.graph.tasks[t].header.priority, dog);
+  if (gates <= 1) return true;
+  std::uint64_t const arrived = fetch_add_acq_rel(s.gate_arrivals[t], std::uint64_t{1}) + 1;
+  return arrived == epoch * gates;
 }
 
 // One arrival on event `e` in launch `epoch`. The arrival that brings the count to
 // epoch * expected releases the successors; arrivals beyond it are an error (they would corrupt
 // the next launch's epoch), reported, not ignored.
+//
+// Released successors go to the ready queue in chunks under one ticket each. If `keep` is not
+// null, the first released successor is handed back in *keep instead (it was kStopRef on entry):
+// the caller runs it next itself (local dispatch) and it never passes through the scheduler.
 LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t epoch,
-                                WaiterId who, Watchdog& dog) {
+                                WaiterId who, Watchdog& dog, TaskRef* keep = nullptr) {
   chaos_point();
   EventDesc const ev = s.graph.events[e];
   std::uint64_t const target = epoch * ev.expected;
@@ -40,10 +41,40 @@ LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t 
                 ev.expected, count - (epoch - 1) * ev.expected);
     return false;
   }
+  std::uint32_t chunk[kPushChunk];
+  std::uint32_t n = 0;
   for (std::uint32_t i = ev.succ_begin; i < ev.succ_end; ++i) {
-    if (!release_task(s, s.graph.successors[i], epoch, dog)) return false;
+    TaskId const t = s.graph.successors[i];
+    if (!gate_opened(s, t, epoch)) continue;
+    if (keep && *keep == kStopRef) {
+      *keep = t;
+      continue;
+    }
+    chunk[n++] = ready_entry(t, s.graph.tasks[t].header.priority);
+    if (n == kPushChunk) {
+      if (!queue_push_chunk(s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
+        return false;
+      n = 0;
+    }
   }
+  if (n != 0 && !queue_push_chunk(s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
+    return false;
   return true;
+}
+
+// After a task: one beat of the heartbeat (fire-and-forget), then the arrival on its event. Local
+// dispatch (keep the first released successor and run it next) is offered only when the policy
+// allows it and the scheduler has handed out every task ever pushed to the ready queue, so a kept
+// successor overtakes no task that was already ready.
+LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task,
+                                       std::uint64_t epoch, WaiterId who, Watchdog& dog,
+                                       bool may_keep, TaskRef& keep) {
+  keep = kStopRef;
+  fetch_add_relaxed(s.counters->beat.value, std::uint64_t{1});
+  if (task.header.event == kNoEvent) return true;
+  bool const local = may_keep && load_relaxed(*s.ready.tail) ==
+                                     load_relaxed(s.counters->drained_at.value);
+  return arrive(s, task.header.event, epoch, who, dog, local ? &keep : nullptr);
 }
 
 // Emits one dynamic task (any thread of any actor). It is counted against the graph's declared

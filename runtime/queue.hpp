@@ -32,6 +32,36 @@ LOOM_HD LOOM_INLINE bool queue_push(QueueView q, std::uint32_t item, Watchdog& d
   return true;
 }
 
+// Any thread: pushes n <= kPushChunk entries (entry(i) for i < n) under one ticket, so a fan-out
+// costs one atomic per chunk instead of one per entry. The slot checks are issued together and
+// one fence orders them before the writes.
+inline constexpr std::uint32_t kPushChunk = 16;
+template <class EntryFn>
+LOOM_HD LOOM_INLINE bool queue_push_chunk(QueueView q, std::uint32_t n, EntryFn entry,
+                                          Watchdog& dog) {
+  std::uint64_t const pos = fetch_add_relaxed(*q.tail, std::uint64_t{n});
+  chaos_point();
+  for (;;) {
+    bool free = true;
+    std::uint64_t first_busy = 0, seen = 0;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      std::uint64_t const s = load_relaxed(q.seq[(pos + i) % q.capacity]);
+      if (s != pos + i && free) {
+        free = false;
+        first_busy = pos + i;
+        seen = s;
+      }
+    }
+    if (free) break;
+    if (!dog.keep_waiting(first_busy, seen)) return false;
+  }
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+  for (std::uint32_t i = 0; i < n; ++i) store_relaxed(q.items[(pos + i) % q.capacity], entry(i));
+  cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+  for (std::uint32_t i = 0; i < n; ++i) store_relaxed(q.seq[(pos + i) % q.capacity], pos + i + 1);
+  return true;
+}
+
 // The consumer alone. True and the entry at `pos` when a producer has filled it.
 LOOM_HD LOOM_INLINE bool queue_peek(QueueView q, std::uint64_t pos, std::uint32_t& item) {
   std::uint64_t const slot = pos % q.capacity;

@@ -3,6 +3,7 @@
 // CPU-executor thread and on lane 0 of the GPU's scheduler warp.
 #pragma once
 
+#include "runtime/doorbell.hpp"
 #include "runtime/protocol.hpp"
 #include "scheduler/ready_list.hpp"
 
@@ -43,15 +44,15 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
   std::uint64_t const epoch = load_acquire(c.epoch.value);
   std::uint64_t const total = std::uint64_t{s.graph.task_count} + s.graph.dynamic_bound;
 
-  ReadyList<Policy> ready(s.ready_list, s.task_capacity());
-  for (std::uint32_t i = 0; i < s.graph.root_count; ++i) {
-    TaskId const t = s.graph.roots[i];
-    ready.push(ready_entry(t, s.graph.tasks[t].header.priority));
-  }
+  ReadyList<Policy> ready(s);  // the roots are already in it
 
   std::uint32_t idle = 0;        // processors waiting, ids in s.idle_list[0, idle)
   std::uint64_t completed = 0;   // tasks reported done by processors
+  std::uint64_t ready_pos = load_relaxed(*s.ready.head);
+  std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
+  store_relaxed(c.drained_at.value, drained_at);
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
+  Heartbeat beat(&c.beat.value);
   bool ok = true;
   for (;;) {
     bool progress = false;
@@ -61,14 +62,18 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
       progress = true;
     }
     while (queue_try_pop(s.idle, entry)) {
-      if (entry & kCompletedBit) ++completed;
-      s.idle_list[idle++] = entry & ~kCompletedBit;
+      completed += entry >> kReportCountShift;
+      s.idle_list[idle++] = entry & (kMaxProcessors - 1);
       progress = true;
     }
     while (idle > 0 && !ready.empty()) {
       doorbell_ring(s.doorbells[s.idle_list[--idle]], ready.pop());
       progress = true;
     }
+    ready_pos = load_relaxed(*s.ready.head);
+    std::uint64_t const drained = ready.empty() ? ready_pos : kNotDrained;
+    if (drained != drained_at) store_relaxed(c.drained_at.value, drained_at = drained);
+    if (beat.moved()) progress = true;
 
     std::uint64_t const retired = load_acquire(c.retired.value);
     std::uint64_t const emitted = load_relaxed(c.dynamic_emitted.value);

@@ -17,6 +17,13 @@ struct EventDesc {
   static constexpr std::uint32_t kDynamicArrivals = 1u;
 };
 
+// The scheduler's ready list is kReadyRings FIFO rings of task_capacity() refs each: rings 0..3
+// are the priority policy's levels, ring 4 is the FIFO policy's. The host lays each ring's roots
+// out at its start once; a ring holds at most one launch's pushes, so positions restart at zero
+// every launch and the root prefix is never overwritten.
+inline constexpr std::uint32_t kLevels = 4;  // priorities above 3 share the top level
+inline constexpr std::uint32_t kReadyRings = kLevels + 1;
+
 // The static graph, immutable once uploaded.
 struct GraphView {
   Task const* tasks;
@@ -28,6 +35,7 @@ struct GraphView {
   std::uint32_t root_count;
   std::uint32_t event_count;
   std::uint32_t dynamic_bound;  // most dynamic tasks one launch may emit
+  std::uint32_t ring_roots[kReadyRings];  // roots laid out at the start of each ready ring
 };
 
 // Launch-wide words, each on its own 128-byte line (they are polled from many SMs).
@@ -42,7 +50,11 @@ struct Counters {
   Counter dynamic_emitted;   // dynamic tasks emitted in this launch
   Counter retired;           // dynamic-bound slack given back in this launch
   Counter subscribers_in;    // subscribers that started this launch
+  Counter beat;              // tasks completed, ever: the launch's heartbeat
+  Counter drained_at;        // ready-queue position up to which every ready task has been handed
+                             // out, or kNotDrained while the scheduler holds ready tasks
 };
+inline constexpr std::uint64_t kNotDrained = ~std::uint64_t{0};
 
 struct TraceRecord {
   std::uint64_t start_ns;
@@ -61,9 +73,9 @@ struct RuntimeState {
   Task* dynamic_tasks;            // [dynamic_bound]
   Counters* counters;
   QueueView ready;                // entries: level << 30 | ref
-  QueueView idle;                 // entries: processor | kCompletedBit
+  QueueView idle;                 // entries: idle_report(processor, completed)
   Doorbell* doorbells;            // [processors]
-  std::uint32_t* ready_list;      // scheduler-private storage: [levels][task capacity]
+  std::uint32_t* ready_list;      // scheduler-private: [kReadyRings][task capacity], roots first
   std::uint32_t* idle_list;       // scheduler-private storage: [processors]
   ErrorRecord* error;
   TraceRecord* trace;             // null when tracing is off
@@ -83,13 +95,21 @@ struct RuntimeState {
   }
 };
 
-inline constexpr std::uint32_t kCompletedBit = 0x80000000u;
+// An idle report: the processor's id in the low 16 bits, the number of tasks it completed since its
+// last report above them (0 for the first report of a launch).
+inline constexpr std::uint32_t kReportCountShift = 16;
+inline constexpr std::uint32_t kMaxProcessors = 1u << kReportCountShift;
+inline constexpr std::uint32_t kMaxReportCount = (1u << 15) - 1;
+LOOM_HD LOOM_INLINE std::uint32_t idle_report(std::uint32_t processor, std::uint32_t completed) {
+  return processor | (completed << kReportCountShift);
+}
 inline constexpr std::uint32_t kLevelShift = 30;
-inline constexpr std::uint32_t kLevels = 4;  // priorities above 3 share the top level
 
+LOOM_HD LOOM_INLINE std::uint32_t priority_level(std::uint8_t priority) {
+  return priority < kLevels - 1 ? priority : kLevels - 1;
+}
 LOOM_HD LOOM_INLINE std::uint32_t ready_entry(TaskRef ref, std::uint8_t priority) {
-  std::uint32_t const level = priority < kLevels - 1 ? priority : kLevels - 1;
-  return (level << kLevelShift) | ref;
+  return (priority_level(priority) << kLevelShift) | ref;
 }
 
 }  // namespace loom

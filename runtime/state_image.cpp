@@ -18,7 +18,9 @@ std::size_t StateLayout::take(std::size_t bytes, std::size_t align) {
 
 StateLayout::StateLayout(Graph const& graph, StateOptions const& options)
     : graph_(graph), options_(options) {
-  if (options.processors == 0) throw Error("loom: a launch needs at least one processor");
+  if (options.processors == 0 || options.processors >= kMaxProcessors)
+    throw Error("loom: a launch needs 1 to " + std::to_string(kMaxProcessors - 1) +
+                " processors, not " + std::to_string(options.processors));
   if (options.world == 0 || options.world > kMaxRanks || options.rank >= options.world)
     throw Error("loom: rank " + std::to_string(options.rank) + " of world " +
                 std::to_string(options.world) + " is out of range (at most " +
@@ -44,7 +46,7 @@ StateLayout::StateLayout(Graph const& graph, StateOptions const& options)
   idle_seq_ = take(options.processors * sizeof(std::uint64_t));
   idle_items_ = take(options.processors * sizeof(std::uint32_t));
   doorbells_ = take(options.processors * sizeof(Doorbell));
-  ready_list_ = take(kLevels * queue_capacity * sizeof(std::uint32_t));
+  ready_list_ = take(std::size_t{kReadyRings} * queue_capacity * sizeof(std::uint32_t));
   idle_list_ = take(options.processors * sizeof(std::uint32_t));
   error_ = take(sizeof(ErrorRecord));
   trace_ = take(options.trace_capacity * sizeof(TraceRecord));
@@ -66,6 +68,11 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
   s.graph.root_count = static_cast<std::uint32_t>(graph_.roots.size());
   s.graph.event_count = static_cast<std::uint32_t>(graph_.events.size());
   s.graph.dynamic_bound = graph_.dynamic_bound;
+  for (std::uint32_t r = 0; r < kReadyRings; ++r) s.graph.ring_roots[r] = 0;
+  for (TaskId t : graph_.roots) {
+    ++s.graph.ring_roots[priority_level(graph_.tasks[t].header.priority)];
+    ++s.graph.ring_roots[kLevels];
+  }
   s.event_arrivals = reinterpret_cast<std::uint64_t*>(at(event_arrivals_));
   s.gate_arrivals = reinterpret_cast<std::uint64_t*>(at(gate_arrivals_));
   s.dynamic_tasks = reinterpret_cast<Task*>(at(dynamic_tasks_));
@@ -95,7 +102,7 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
   return s;
 }
 
-void StateLayout::initialize(void* host_image) const {
+void StateLayout::initialize(void* host_image, std::uint64_t epoch) const {
   auto* base = static_cast<unsigned char*>(host_image);
   std::memset(base, 0, bytes_);
   auto copy = [&](std::size_t offset, auto const& vec) {
@@ -107,8 +114,20 @@ void StateLayout::initialize(void* host_image) const {
   copy(events_, graph_.events);
   copy(successors_, graph_.successors);
   RuntimeState const s = bind(host_image);
-  s.counters->epoch.value = 1;
+  s.counters->epoch.value = epoch;
+  s.counters->stopped.value = epoch - 1;
+  for (std::uint32_t e = 0; e < s.graph.event_count; ++e)
+    s.event_arrivals[e] = (epoch - 1) * graph_.events[e].expected;
+  for (std::uint32_t t = 0; t < s.graph.task_count; ++t)
+    s.gate_arrivals[t] = (epoch - 1) * graph_.gate_counts[t];
   for (std::uint32_t i = 0; i < s.ready.capacity; ++i) s.ready.seq[i] = i;
+  // Each ready ring starts with its roots, in graph order (FIFO: all of them; priority: by level).
+  std::uint32_t fill[kReadyRings] = {};
+  for (TaskId t : graph_.roots) {
+    std::uint32_t const level = priority_level(graph_.tasks[t].header.priority);
+    s.ready_list[level * s.ready.capacity + fill[level]++] = t;
+    s.ready_list[kLevels * s.ready.capacity + fill[kLevels]++] = t;
+  }
   for (std::uint32_t i = 0; i < s.idle.capacity; ++i) s.idle.seq[i] = i;
 }
 

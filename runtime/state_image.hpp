@@ -29,8 +29,11 @@ class StateLayout {
   // Pointers into an arena of bytes() at `base` (host or device memory).
   RuntimeState bind(void* base) const;
 
-  // Writes the initial contents into a host buffer of bytes() (zeroed first).
-  void initialize(void* host_image) const;
+  // Writes the initial contents into a host buffer of bytes() (zeroed first), ready for launch
+  // number `epoch`. After a failed launch the state restarts at a later epoch than any launch so
+  // far, so epoch-valued flags the application keeps elsewhere (symmetric-heap signals) stay
+  // valid: event counters are set as if launches 1 .. epoch-1 had completed.
+  void initialize(void* host_image, std::uint64_t epoch = 1) const;
 
   // Offsets of what the host reads back after a launch.
   std::size_t error_offset() const { return error_; }

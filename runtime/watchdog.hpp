@@ -62,12 +62,16 @@ class Watchdog {
   }
 
   // Progress was made; the bound starts again.
-  LOOM_HD LOOM_INLINE void reset() { start_ = now_ns(); }
+  LOOM_HD LOOM_INLINE void reset() {
+    start_ = now_ns();
+    polls_ = 0;
+  }
 
  private:
   LOOM_HD LOOM_INLINE void back_off() const {
 #if LOOM_DEVICE_PASS
-    __nanosleep(polls_ < 64 ? 32 : 256);
+    // Spin hot first (latency), then back off so idle pollers leave L2 bandwidth to the work.
+    if (polls_ > 32) __nanosleep(polls_ < 256 ? 64 : 256);
 #else
     chaos_point();
     if (polls_ > 64) std::this_thread::yield();

@@ -1,5 +1,7 @@
 // Work-conserving FIFO: ready tasks run in the order they became ready; no idle processor is left
-// waiting while any task is ready. Priorities are ignored.
+// waiting while any task is ready. Priorities are ignored. A processor whose task releases
+// successors runs the first of them itself when nothing else is waiting (local dispatch): that
+// keeps the order and saves the round trip through the scheduler on chains.
 #pragma once
 
 #include "runtime/config.hpp"
@@ -8,6 +10,8 @@ namespace loom {
 
 struct FifoPolicy {
   static constexpr std::uint32_t levels = 1;
+  static constexpr std::uint32_t first_ring = 4;  // its own ring, after the priority levels
+  static constexpr bool local_dispatch = true;
   static constexpr char const* name = "fifo";
   LOOM_HD static constexpr std::uint32_t level(std::uint32_t /*priority_level*/) { return 0; }
 };

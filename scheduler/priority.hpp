@@ -9,6 +9,9 @@ namespace loom {
 
 struct PriorityPolicy {
   static constexpr std::uint32_t levels = kLevels;
+  static constexpr std::uint32_t first_ring = 0;
+  // Every ready task goes through the scheduler, which alone sees all levels.
+  static constexpr bool local_dispatch = false;
   static constexpr char const* name = "priority";
   LOOM_HD static constexpr std::uint32_t level(std::uint32_t priority_level) {
     return priority_level;

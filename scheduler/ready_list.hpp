@@ -1,6 +1,7 @@
-// The scheduler's private list of ready tasks: one FIFO ring per level over storage sized for a
-// whole launch, so it can never overflow. Positions restart at zero every launch (the list is
-// empty at both ends of a launch). Used by the scheduler actor alone, single-threaded.
+// The scheduler's private list of ready tasks: one FIFO ring per level of the policy, over storage
+// sized for a whole launch, so it can never overflow. Positions restart at zero every launch, with
+// the graph's roots already in place (see kReadyRings). Used by the scheduler actor alone,
+// single-threaded.
 #pragma once
 
 #include "runtime/state.hpp"
@@ -10,9 +11,15 @@ namespace loom {
 template <class Policy>
 class ReadyList {
  public:
-  LOOM_HD ReadyList(std::uint32_t* storage, std::uint32_t capacity)
-      : storage_(storage), capacity_(capacity) {
-    for (std::uint32_t l = 0; l < Policy::levels; ++l) head_[l] = tail_[l] = 0;
+  static_assert(Policy::first_ring + Policy::levels <= kReadyRings);
+
+  LOOM_HD ReadyList(RuntimeState const& s)
+      : storage_(s.ready_list + Policy::first_ring * s.task_capacity()),
+        capacity_(s.task_capacity()) {
+    for (std::uint32_t l = 0; l < Policy::levels; ++l) {
+      head_[l] = 0;
+      tail_[l] = s.graph.ring_roots[Policy::first_ring + l];
+    }
   }
 
   LOOM_HD LOOM_INLINE void push(std::uint32_t entry) {

@@ -1,0 +1,63 @@
+#include "runtime/cuda/device_state.hpp"
+
+#include <algorithm>
+
+namespace loom {
+
+void throw_cuda_error(cudaError_t err, char const* call, char const* file, int line) {
+  throw Error(std::string("loom: CUDA error ") + cudaGetErrorName(err) + " (" +
+              cudaGetErrorString(err) + ") in " + call + " at " + file + ":" +
+              std::to_string(line));
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+DeviceState::DeviceState(Graph graph, StateOptions const& options)
+    : graph_(std::move(graph)), layout_(graph_, options), image_(layout_.bytes()),
+      arena_(layout_.bytes()) {
+  layout_.initialize(image_.data());
+  state_ = layout_.bind(arena_.get());
+  LOOM_CUDA(cudaMemcpy(arena_.get(), image_.data(), image_.size(), cudaMemcpyHostToDevice));
+}
+
+void DeviceState::reinitialize_after_failure() {
+  layout_.initialize(image_.data(), read_epoch() + 1);
+  LOOM_CUDA(cudaMemcpy(arena_.get(), image_.data(), image_.size(), cudaMemcpyHostToDevice));
+}
+
+ErrorRecord DeviceState::read_error() const {
+  ErrorRecord e{};
+  LOOM_CUDA(cudaMemcpy(&e, arena_.get() + layout_.error_offset(), sizeof(e),
+                       cudaMemcpyDeviceToHost));
+  return e;
+}
+
+std::uint64_t DeviceState::read_epoch() const {
+  std::uint64_t epoch = 0;
+  LOOM_CUDA(cudaMemcpy(&epoch, arena_.get() + layout_.counters_offset(), sizeof(epoch),
+                       cudaMemcpyDeviceToHost));
+  return epoch;
+}
+
+std::vector<TraceRecord> DeviceState::take_trace() {
+  std::vector<TraceRecord> out;
+  if (layout_.trace_capacity() == 0) return out;
+  std::uint64_t count = 0;
+  LOOM_CUDA(cudaMemcpy(&count, arena_.get() + layout_.trace_count_offset(), sizeof(count),
+                       cudaMemcpyDeviceToHost));
+  out.resize(std::min<std::uint64_t>(count, layout_.trace_capacity()));
+  if (!out.empty())
+    LOOM_CUDA(cudaMemcpy(out.data(), arena_.get() + layout_.trace_offset(),
+                         out.size() * sizeof(TraceRecord), cudaMemcpyDeviceToHost));
+  LOOM_CUDA(cudaMemset(arena_.get() + layout_.trace_count_offset(), 0, sizeof(count)));
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,34 @@
+// Device-side copy of one rank's RuntimeState: the arena in device memory, uploaded once from
+// the host image; afterwards only the kernel writes it (epochs), except after an error, when the
+// host uploads the initial image again.
+#pragma once
+
+#include <vector>
+
+#include "runtime/cuda/device_buffer.hpp"
+#include "runtime/state_image.hpp"
+
+namespace loom {
+
+class DeviceState {
+ public:
+  DeviceState(Graph graph, StateOptions const& options);
+  RuntimeState const& state() const { return state_; }
+
+  // Copies the error record back (after the stream is synchronised).
+  ErrorRecord read_error() const;
+  // After a failed launch: re-uploads the initial image for the launch after it (epochs keep
+  // growing, see StateLayout::initialize).
+  void reinitialize_after_failure();
+  std::uint64_t read_epoch() const;
+  std::vector<TraceRecord> take_trace();
+
+ private:
+  Graph graph_;
+  StateLayout layout_;
+  std::vector<unsigned char> image_;
+  DeviceBuffer<unsigned char> arena_;
+  RuntimeState state_;
+};
+
+}  // namespace loom

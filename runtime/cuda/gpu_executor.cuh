@@ -1,0 +1,151 @@
+// Runs a pipeline's graph in the persistent kernel on one GPU. The grid comes from the occupancy
+// API and the device: every block must be resident at once (the actors spin on each other), so the
+// launch is cooperative and a configuration that cannot be co-resident is refused before it runs.
+// launch() is asynchronous and capturable in a CUDA graph (the epoch lives on the device, so every
+// replay is a new launch); check() synchronises and turns a device error record into loom::Error.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "runtime/cuda/check.hpp"
+#include "runtime/cuda/device_state.hpp"
+#include "runtime/cuda/persistent_kernel.cuh"
+#include "scheduler/policy.hpp"
+
+namespace loom {
+
+struct GpuOptions {
+  SchedulingPolicy policy = SchedulingPolicy::fifo;
+  std::chrono::milliseconds watchdog{5000};
+  std::uint32_t trace_capacity = 0;  // 0: tracing off
+  std::uint32_t blocks_per_sm = 1;   // processors per SM, capped by the occupancy API's answer
+  std::uint32_t max_processors = 0;  // 0: as many as can be resident
+  std::uint32_t subscribers = 1;     // subscriber warps in the OS block
+  int device = -1;                   // -1: the current device
+};
+
+struct GpuLaunchShape {
+  std::uint32_t grid;             // processors + 1
+  std::uint32_t threads;          // per block
+  std::uint32_t shared_bytes;     // dynamic, per block
+  std::uint32_t blocks_per_sm;    // from the occupancy API
+  std::uint32_t sm_count;
+};
+
+template <class Pipeline, class Decoder = NoDecoder>
+class GpuExecutor {
+ public:
+  explicit GpuExecutor(Graph graph, GpuOptions options = {}, Decoder decoder = {},
+                       SymmetricView heap = {})
+      : options_(options), decoder_(decoder), heap_(heap), shape_(plan(options)),
+        state_(std::move(graph), state_options(options, shape_)) {}
+
+  GpuLaunchShape const& shape() const { return shape_; }
+  std::uint32_t processors() const { return shape_.grid - 1; }
+
+  // Enqueues one launch on `stream`; no host synchronisation.
+  void launch(cudaStream_t stream = nullptr) {
+    with_policy(options_.policy, [&](auto p) { launch_with<decltype(p)>(stream); });
+  }
+
+  // Waits for the stream and raises the launch's error, if any (then re-initialises the state).
+  void check(cudaStream_t stream = nullptr) {
+    LOOM_CUDA(cudaStreamSynchronize(stream));
+    ErrorRecord const e = state_.read_error();
+    if (e.code != 0) {
+      state_.reinitialize_after_failure();
+      throw Error(describe(e, Pipeline::names, Pipeline::size));
+    }
+  }
+
+  void run(cudaStream_t stream = nullptr) {
+    launch(stream);
+    check(stream);
+  }
+
+  std::uint64_t launches() const { return state_.read_epoch() - 1; }
+  std::vector<TraceRecord> take_trace() { return state_.take_trace(); }
+
+ private:
+  template <class Policy>
+  static constexpr auto kernel() {
+    return &persistent_kernel<Pipeline, Policy, Decoder>;
+  }
+
+  static GpuLaunchShape plan(GpuOptions const& options) {
+    int device = options.device;
+    if (device < 0) LOOM_CUDA(cudaGetDevice(&device));
+    else LOOM_CUDA(cudaSetDevice(device));
+    cudaDeviceProp prop{};
+    LOOM_CUDA(cudaGetDeviceProperties(&prop, device));
+    if (!prop.cooperativeLaunch)
+      throw Error(std::string("loom: device ") + prop.name +
+                  " cannot launch cooperatively; the persistent kernel needs every block resident");
+    GpuLaunchShape shape{};
+    shape.threads = Pipeline::threads;
+    shape.shared_bytes = Pipeline::shared_bytes;
+    shape.sm_count = static_cast<std::uint32_t>(prop.multiProcessorCount);
+    if (options.subscribers + 1 > shape.threads / 32)
+      throw Error("loom: " + std::to_string(options.subscribers) +
+                  " subscriber warps plus the scheduler warp do not fit in a block of " +
+                  std::to_string(shape.threads) + " threads");
+    std::uint32_t per_sm = ~0u;
+    for (auto k : {kernel<FifoPolicy>(), kernel<PriorityPolicy>()}) {
+      if (shape.shared_bytes > 48 * 1024)
+        LOOM_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(shape.shared_bytes)));
+      int n = 0;
+      LOOM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, static_cast<int>(shape.threads),
+                                                              shape.shared_bytes));
+      per_sm = std::min(per_sm, static_cast<std::uint32_t>(n));
+    }
+    if (per_sm == 0)
+      throw Error("loom: the persistent kernel cannot be resident: a block of " +
+                  std::to_string(shape.threads) + " threads with " +
+                  std::to_string(shape.shared_bytes) + " bytes of shared memory does not fit on " +
+                  prop.name);
+    shape.blocks_per_sm = options.blocks_per_sm == 0 ? per_sm : std::min(per_sm, options.blocks_per_sm);
+    shape.grid = shape.blocks_per_sm * shape.sm_count;
+    if (options.max_processors != 0)
+      shape.grid = std::min(shape.grid, options.max_processors + 1);
+    if (shape.grid < 2)
+      throw Error("loom: the persistent kernel needs at least two resident blocks (one "
+                  "processor and the OS block)");
+    return shape;
+  }
+
+  static StateOptions state_options(GpuOptions const& options, GpuLaunchShape const& shape) {
+    StateOptions so;
+    so.processors = shape.grid - 1;
+    so.subscribers = options.subscribers;
+    so.watchdog_ns = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(options.watchdog).count());
+    so.trace_capacity = options.trace_capacity;
+    return so;
+  }
+
+  template <class Policy>
+  void launch_with(cudaStream_t stream) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(shape_.grid);
+    config.blockDim = dim3(shape_.threads);
+    config.dynamicSmemBytes = shape_.shared_bytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeCooperative;
+    attribute.val.cooperative = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    LOOM_CUDA(cudaLaunchKernelEx(&config, kernel<Policy>(), state_.state(), heap_, decoder_));
+    LOOM_CUDA(cudaGetLastError());
+  }
+
+  GpuOptions options_;
+  Decoder decoder_;
+  SymmetricView heap_;
+  GpuLaunchShape shape_;
+  DeviceState state_;
+};
+
+}  // namespace loom

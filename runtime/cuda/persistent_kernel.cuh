@@ -1,0 +1,99 @@
+// The persistent kernel: one launch, every block resident. Blocks 0 .. grid-2 are processors; the
+// last block is the OS block, whose warp 0 is the scheduler and whose other warps are subscribers.
+// All of them run the protocol of runtime/ (queues, doorbells, events, epochs) unchanged; this
+// file only maps actors onto blocks, warps and shared memory.
+#pragma once
+
+#include "runtime/host_actors.hpp"
+#include "runtime/cuda/scheduler_warp.cuh"
+
+namespace loom {
+
+// Shared memory of a processor block besides the task type's own.
+struct ProcessorShared {
+  Task task;
+  TaskRef ref;
+};
+
+// Processor block: thread 0 waits for the doorbell, completes events and reports idle; every
+// thread copies the descriptor and runs the body. Three block barriers per task. When thread 0's
+// arrival releases a successor and the scheduler holds no backlog, the block runs that successor
+// next without going through the scheduler (local dispatch).
+template <class Pipeline, class Policy>
+__device__ void run_processor_block(RuntimeState const& s, SymmetricView const& heap,
+                                    unsigned char* task_shared) {
+  __shared__ ProcessorShared sh;
+  std::uint32_t const me = blockIdx.x;
+  WaiterId const who{Actor::processor, me, s.rank};
+  std::uint64_t const epoch = load_acquire(s.counters->epoch.value);
+  Doorbell& bell = s.doorbells[me];
+  Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
+  Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.idle.id);
+  Heartbeat beat(&s.counters->beat.value);
+  TaskContext ctx(s, epoch, who, heap, task_shared);
+  std::uint32_t unreported = 0;  // thread 0: tasks completed since the last idle report
+  TaskRef next = kStopRef;       // thread 0: a successor kept by local dispatch
+  bool alive = true;             // thread 0: false once an error ended this actor
+  for (;;) {
+    if (threadIdx.x == 0) {
+      TaskRef ref = next;
+      if (alive && ref == kStopRef) {
+        alive = queue_push(s.idle, idle_report(me, unreported), push_dog) &&
+                doorbell_wait(bell, ref, beat, bell_dog);
+        unreported = 0;
+      }
+      sh.ref = alive ? ref : kStopRef;
+    }
+    __syncthreads();
+    TaskRef const ref = sh.ref;
+    if (ref == kStopRef) return;
+    // Dynamic descriptors were written by other SMs in this launch: read them from L2.
+    if (threadIdx.x < sizeof(Task) / sizeof(uint4)) {
+      uint4 const* src = reinterpret_cast<uint4 const*>(&s.task(ref));
+      reinterpret_cast<uint4*>(&sh.task)[threadIdx.x] = __ldcg(src + threadIdx.x);
+    }
+    __syncthreads();
+    std::uint64_t const start = (s.trace && threadIdx.x == 0) ? now_ns() : 0;
+    Pipeline::run_device(sh.task, ctx);  // an unknown type is recorded as an error
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Task const& task = sh.task;
+      if (s.trace) {
+        std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
+        if (i < s.trace_capacity)
+          s.trace[i] = TraceRecord{start, now_ns(), me, task.header.type,
+                                   static_cast<std::uint16_t>(s.rank), task.header.id, 0};
+      }
+      push_dog.reset();
+      ++unreported;
+      bool const may_keep = Policy::local_dispatch && unreported < kMaxReportCount;
+      alive = !has_error(*s.error) && complete_task(s, task, epoch, who, push_dog, may_keep, next);
+      if (!alive) next = kStopRef;
+    }
+  }
+}
+
+// OS block: warp 0 schedules, lane 0 of each of the next `subscribers` warps subscribes; the rest
+// of the block leaves at once.
+template <class Policy, class Decoder>
+__device__ void run_os_block(RuntimeState const& s, SymmetricView const& heap, Decoder decoder) {
+  std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) {
+    run_scheduler_warp<Policy>(s, WaiterId{Actor::scheduler, blockIdx.x, s.rank});
+  } else if (lane == 0 && warp - 1 < s.subscribers) {
+    run_subscriber(s, warp - 1, decoder, heap);
+  }
+}
+
+template <class Pipeline, class Policy, class Decoder>
+__global__ void __launch_bounds__(Pipeline::threads, 1)
+    persistent_kernel(RuntimeState const s, SymmetricView const heap, Decoder const decoder) {
+  extern __shared__ uint4 task_shared[];
+  if (blockIdx.x == gridDim.x - 1) {
+    run_os_block<Policy>(s, heap, decoder);
+  } else {
+    run_processor_block<Pipeline, Policy>(s, heap, reinterpret_cast<unsigned char*>(task_shared));
+  }
+}
+
+}  // namespace loom

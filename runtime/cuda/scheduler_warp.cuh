@@ -1,0 +1,217 @@
+// The scheduler actor on the GPU: the whole of warp 0 of the OS block runs the loop of
+// runtime/scheduler_loop.hpp over the same state, 32 entries at a time. Each lane peeks one queue
+// slot, a ballot finds the filled prefix, and one fence covers the batch; doorbells are rung 32
+// at a time behind a single release fence. Loop state (queue heads, ready-list ends, counts) is
+// kept identical in every lane, so every branch is warp-uniform.
+#pragma once
+
+#include "runtime/scheduler_loop.hpp"
+
+namespace loom {
+
+namespace warp {
+
+__device__ __forceinline__ unsigned lane_id() { return threadIdx.x % 32; }
+__device__ __forceinline__ unsigned lanes_below() { return (1u << lane_id()) - 1u; }
+
+__device__ __forceinline__ void fence_acquire() {
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+}
+__device__ __forceinline__ void fence_release() {
+  cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+}
+__device__ __forceinline__ void fence_acq_rel() {
+  cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
+}
+
+// Pops up to min(32, capacity) filled entries at the consumer position `head` (lane-uniform;
+// advanced). Lane i < n receives entry i. Whole warp.
+__device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& head,
+                                                   std::uint32_t& item) {
+  unsigned const lane = lane_id();
+  std::uint32_t const window = q.capacity < 32 ? q.capacity : 32;
+  std::uint64_t const pos = head + lane;
+  std::uint64_t const slot = pos % q.capacity;
+  bool const full = lane < window && load_relaxed(q.seq[slot]) == pos + 1;
+  unsigned const empty_lanes = ~__ballot_sync(0xFFFFFFFFu, full);
+  std::uint32_t const n = empty_lanes == 0 ? 32 : __ffs(empty_lanes) - 1;
+  if (n == 0) return 0;
+  fence_acquire();  // the producers' item writes happen-before our reads
+  if (lane < n) item = load_relaxed(q.items[slot]);
+  fence_acq_rel();  // our reads happen-before the producers' reuse of the slots
+  if (lane < n) store_relaxed(q.seq[slot], pos + q.capacity);
+  head += n;
+  return n;
+}
+
+}  // namespace warp
+
+// The ready list as the warp sees it: per level, a FIFO ring of `capacity` refs in global memory
+// private to the scheduler warp; ends kept in registers, identical in every lane.
+template <class Policy>
+class WarpReadyList {
+ public:
+  static_assert(Policy::first_ring + Policy::levels <= kReadyRings);
+
+  // Starts with the graph's roots, which the host laid out at the start of each ring.
+  __device__ explicit WarpReadyList(RuntimeState const& s)
+      : storage_(s.ready_list + Policy::first_ring * s.task_capacity()),
+        capacity_(s.task_capacity()) {
+    for (std::uint32_t l = 0; l < Policy::levels; ++l) {
+      head_[l] = 0;
+      tail_[l] = s.graph.ring_roots[Policy::first_ring + l];
+    }
+  }
+
+  // Lanes with `valid` push their entry; order among them is lane order. Whole warp.
+  __device__ __forceinline__ void push(bool valid, std::uint32_t entry) {
+    std::uint32_t const level = valid ? Policy::level(entry >> kLevelShift) : 0;
+#pragma unroll
+    for (std::uint32_t l = 0; l < Policy::levels; ++l) {
+      unsigned const mask = __ballot_sync(0xFFFFFFFFu, valid && level == l);
+      if (valid && level == l) {
+        std::uint64_t const at = tail_[l] + __popc(mask & warp::lanes_below());
+        storage_[l * capacity_ + at % capacity_] = entry & kRefMask;
+      }
+      tail_[l] += __popc(mask);
+    }
+    __syncwarp();
+  }
+
+  __device__ __forceinline__ std::uint64_t size() const {
+    std::uint64_t n = 0;
+#pragma unroll
+    for (std::uint32_t l = 0; l < Policy::levels; ++l) n += tail_[l] - head_[l];
+    return n;
+  }
+
+  // Takes `n` <= 32 refs, highest level first; lane i < n receives ref i. Whole warp.
+  __device__ __forceinline__ TaskRef take(std::uint32_t n) {
+    unsigned const lane = warp::lane_id();
+    TaskRef ref = kStopRef;
+    std::uint32_t taken = 0;
+#pragma unroll
+    for (std::uint32_t k = Policy::levels; k-- > 0;) {
+      std::uint64_t const have = tail_[k] - head_[k];
+      std::uint32_t const m = static_cast<std::uint32_t>(have < n - taken ? have : n - taken);
+      if (lane >= taken && lane < taken + m)
+        ref = storage_[k * capacity_ + (head_[k] + lane - taken) % capacity_];
+      head_[k] += m;
+      taken += m;
+    }
+    return ref;
+  }
+
+ private:
+  std::uint32_t* storage_;
+  std::uint32_t capacity_;
+  std::uint64_t head_[Policy::levels];
+  std::uint64_t tail_[Policy::levels];
+};
+
+template <class Policy>
+__device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
+  unsigned const lane = warp::lane_id();
+  Counters& c = *s.counters;
+  std::uint64_t const epoch = load_acquire(c.epoch.value);
+  std::uint64_t const total = std::uint64_t{s.graph.task_count} + s.graph.dynamic_bound;
+
+  WarpReadyList<Policy> ready(s);
+
+  std::uint64_t ready_head = load_relaxed(*s.ready.head);
+  std::uint64_t idle_head = load_relaxed(*s.idle.head);
+  std::uint32_t idle = 0;       // processors waiting: ids in s.idle_list[0, idle)
+  std::uint64_t completed = 0;  // tasks reported done
+  std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
+  if (lane == 0) store_relaxed(c.drained_at.value, drained_at);
+  Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
+  Heartbeat beat(&c.beat.value);
+  bool ok = true;
+  for (;;) {
+    bool progress = false;
+    std::uint32_t entry = 0;
+    for (std::uint32_t n; (n = warp::pop_batch(s.ready, ready_head, entry)) != 0;) {
+      ready.push(lane < n, entry);
+      progress = true;
+    }
+    for (std::uint32_t n; (n = warp::pop_batch(s.idle, idle_head, entry)) != 0;) {
+      bool const mine = lane < n;
+      std::uint32_t done = mine ? entry >> kReportCountShift : 0;
+      for (int offset = 16; offset > 0; offset /= 2) done += __shfl_xor_sync(0xFFFFFFFFu, done, offset);
+      completed += done;
+      if (mine) s.idle_list[idle + lane] = entry & (kMaxProcessors - 1);
+      idle += n;
+      progress = true;
+    }
+    __syncwarp();
+    while (idle > 0 && ready.size() > 0) {
+      std::uint64_t const r = ready.size();
+      std::uint32_t const n = static_cast<std::uint32_t>(
+          (idle < r ? idle : r) < 32 ? (idle < r ? idle : r) : 32);
+      TaskRef const ref = ready.take(n);
+      std::uint32_t const proc = lane < n ? s.idle_list[idle - 1 - lane] : 0;
+      warp::fence_release();  // one release for the whole batch of rings
+      if (lane < n) store_relaxed(s.doorbells[proc].word, kDoorbellFull | ref);
+      idle -= n;
+      progress = true;
+    }
+
+    // Four lanes read the shared counters at once; lane 0 decides and broadcasts the decision.
+    std::uint64_t word = 0;
+    if (lane == 1) word = load_relaxed(c.retired.value);
+    if (lane == 2) word = load_relaxed(c.dynamic_emitted.value);
+    if (lane == 3) word = load_relaxed(c.subscribers_in.value);
+    std::uint64_t const retired = __shfl_sync(0xFFFFFFFFu, word, 1);
+    std::uint64_t const emitted = __shfl_sync(0xFFFFFFFFu, word, 2);
+    std::uint64_t const subscribers_in = __shfl_sync(0xFFFFFFFFu, word, 3);
+    int decision = 0;  // 0: go on, 1: done, 2: failed
+    if (lane == 0) {
+      std::uint64_t const drained = ready.size() == 0 ? ready_head : kNotDrained;
+      if (drained != drained_at) store_relaxed(c.drained_at.value, drained_at = drained);
+      if (beat.moved()) progress = true;
+      if (emitted + retired > s.graph.dynamic_bound) {
+        raise_error(*s.error, ErrorCode::retire_overshoot, who.actor, who.block, who.rank, 0, 0,
+                    s.graph.dynamic_bound, emitted + retired);
+        decision = 2;
+      } else if (completed + retired == total && idle == s.processors &&
+                 subscribers_in == s.subscribers) {
+        decision = 1;
+      } else if (progress) {
+        dog.reset();
+      } else {
+        Watchdog::Poll const p = dog.poll();
+        if (p == Watchdog::Poll::expired) {
+          std::uint64_t expected = total, seen = completed + retired;
+          EventId const e = first_unfired_event(s, epoch, expected, seen);
+          raise_error(*s.error, ErrorCode::watchdog, who.actor, who.block, who.rank,
+                      static_cast<std::uint32_t>(WaitSite::scheduler_progress), e, expected, seen);
+        }
+        if (p != Watchdog::Poll::keep_waiting) decision = 2;
+      }
+    }
+    decision = __shfl_sync(0xFFFFFFFFu, decision, 0);
+    if (decision == 1) break;
+    if (decision == 2) {
+      ok = false;
+      break;
+    }
+  }
+  if (lane == 0) {
+    if (ok && has_error(*s.error)) ok = false;
+    store_relaxed(*s.ready.head, ready_head);
+    store_relaxed(*s.idle.head, idle_head);
+    if (ok) {
+      store_relaxed(c.dynamic_emitted.value, std::uint64_t{0});
+      store_relaxed(c.retired.value, std::uint64_t{0});
+      store_relaxed(c.subscribers_in.value, std::uint64_t{0});
+    }
+    store_release(c.stopped.value, epoch);
+  }
+  ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
+  warp::fence_release();
+  for (std::uint32_t p = lane; p < s.processors; p += 32)
+    store_relaxed(s.doorbells[p].word, kDoorbellFull | kStopRef);
+  if (lane == 0 && ok) store_release(c.epoch.value, epoch + 1);
+}
+
+}  // namespace loom
