@@ -1,0 +1,284 @@
+// Static graphs on the CPU executor: order along dependencies, exactly-once execution, multi-gate
+// tasks, repeated launches without any reset, the two scheduling policies, and termination of
+// degenerate graphs.
+#include <algorithm>
+#include <numeric>
+
+#include "tests/cpu/test_graphs.hpp"
+
+namespace loom::test {
+namespace {
+
+constexpr SchedulingPolicy kPolicies[] = {SchedulingPolicy::fifo, SchedulingPolicy::priority};
+
+// Runs `launches` launches with each policy, poisoning the record before each, and checks each.
+void run_and_check(Shape const& shape, Recorder& r, CpuOptions options, int launches) {
+  CpuExecutor<TestPipeline> ex(one_rank(shape.graph), options);
+  for (SchedulingPolicy policy : kPolicies) {
+    SCOPED_TRACE(to_string(policy));
+    for (int l = 0; l < launches; ++l) {
+      r.poison();
+      std::uint64_t const epoch = ex.launches() + 1;
+      ex.run(policy);
+      ASSERT_TRUE(ran_in_order(shape, r, epoch)) << "launch " << epoch;
+      EXPECT_EQ(ex.launches(), epoch);
+    }
+  }
+}
+
+TEST(Executor, ChainRunsInStrictOrder) {
+  constexpr std::uint32_t n = 10'000;
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  Recorder r(n);
+  Shape const shape = chain_shape(r, n, &rng);  // priorities must not matter along a chain
+  CpuExecutor<TestPipeline> ex(one_rank(shape.graph), options_with(3));
+  for (SchedulingPolicy policy : kPolicies) {
+    SCOPED_TRACE(to_string(policy));
+    r.poison();
+    ex.run(policy);
+    // Nothing else runs, so task t takes tickets 2t+1 (start) and 2t+2 (end).
+    for (std::uint32_t t = 0; t < n; ++t) {
+      ASSERT_EQ(r.runs(t), 1u) << "task " << t;
+      ASSERT_EQ(r.start(t), 2 * t + 1) << "task " << t;
+      ASSERT_EQ(r.end(t), 2 * t + 2) << "task " << t;
+    }
+  }
+}
+
+TEST(Executor, ChainOfDiamondsRunsEachTaskOnceAfterItsPredecessors) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  Recorder r(3 * 3334 + 1);
+  Shape const shape = diamond_chain_shape(r, 3334, rng, /*priorities=*/true);
+  ASSERT_GE(shape.tasks, 10'000u);
+  run_and_check(shape, r, options_with(4), 2);
+}
+
+TEST(Executor, RandomDagRunsEachTaskOnceAfterItsPredecessors) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  Recorder r(10'000);
+  Shape const shape = random_dag_shape(r, 10'000, 64, rng, /*priorities=*/true);
+  run_and_check(shape, r, options_with(4), 2);
+}
+
+TEST(Executor, FanOutThenFanIn) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  Recorder r(10'002);
+  Shape const shape = fan_shape(r, 10'000, &rng);
+  run_and_check(shape, r, options_with(4), 2);
+  // The sink saw every middle task end before it started.
+  for (std::uint32_t i = 1; i <= 10'000; ++i) ASSERT_LT(r.end(i), r.start(10'001));
+}
+
+TEST(Executor, TaskWithSeveralGatesWaitsForAllOfThem) {
+  // Sink waits on k events; event i is completed by a chain of i+1 tasks, so the gates fire at
+  // very different times. Several sinks share some of the gates.
+  constexpr std::uint32_t k = 6;
+  GraphBuilder b;
+  Recorder r(64);
+  Shape s;
+  std::uint32_t slot = 0;
+  std::vector<EventId> gate_events;
+  std::vector<std::uint32_t> chain_ends;
+  for (std::uint32_t i = 0; i < k; ++i) {
+    EventId prev = kNoEvent;
+    for (std::uint32_t j = 0; j <= i; ++j) {
+      EventId const e = b.add_event(1);
+      std::uint32_t const t = slot++;
+      if (prev == kNoEvent) b.add_task(stamp_task(r, t, e));
+      else {
+        b.add_task(stamp_task(r, t, e), {prev});
+        s.before.emplace_back(t - 1, t);
+      }
+      prev = e;
+    }
+    gate_events.push_back(prev);
+    chain_ends.push_back(slot - 1);
+  }
+  std::uint32_t const all = slot++;
+  b.add_task(stamp_task(r, all), gate_events);
+  for (std::uint32_t c : chain_ends) s.before.emplace_back(c, all);
+  // A sink gated on the first and last chains, added through add_gate.
+  std::uint32_t const pair = slot++;
+  TaskId const pair_task = b.add_task(stamp_task(r, pair), {gate_events.front()});
+  b.add_gate(pair_task, gate_events.back());
+  s.before.emplace_back(chain_ends.front(), pair);
+  s.before.emplace_back(chain_ends.back(), pair);
+  s.graph = b.build();
+  s.tasks = slot;
+  EXPECT_EQ(s.graph.gate_counts[all], k);
+  EXPECT_EQ(s.graph.gate_counts[pair_task], 2u);
+  // Many launches: the per-task gate counters are monotonic across launches.
+  run_and_check(s, r, options_with(3), 30);
+}
+
+TEST(Executor, RepeatedLaunchesGiveTheSameResultWithoutReset) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  Recorder r(1000);
+  Shape const shape = random_dag_shape(r, 1000, 32, rng);
+  CpuExecutor<TestPipeline> ex(one_rank(shape.graph), options_with(4));
+  for (std::uint64_t launch = 1; launch <= 50; ++launch) {
+    r.poison();
+    ex.run();
+    ASSERT_TRUE(ran_in_order(shape, r, launch)) << "launch " << launch;
+    ASSERT_EQ(ex.launches(), launch);
+  }
+  // Every event received exactly `launches * expected` arrivals: nothing overshot or was lost.
+  RuntimeState const& s = ex.state(0);
+  for (EventId e = 0; e < s.graph.event_count; ++e)
+    ASSERT_EQ(s.event_arrivals[e], 50u * s.graph.events[e].expected) << "event " << e;
+}
+
+// One processor: the scheduler's choice is the execution order. Roots of random priority are all
+// ready when the launch starts.
+TEST(Executor, PriorityPolicyRunsHigherLevelsFirstAndFifoWithinALevel) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  constexpr std::uint32_t n = 300;
+  Recorder r(n);
+  GraphBuilder b;
+  std::vector<std::uint8_t> prio(n);
+  for (std::uint32_t t = 0; t < n; ++t) {
+    prio[t] = static_cast<std::uint8_t>(rng() % 7);  // 3..6 all share the top level
+    b.add_task(stamp_task(r, t, kNoEvent, prio[t]));
+  }
+  CpuExecutor<TestPipeline> ex(one_rank(b.build()), options_with(1));
+  auto executed_order = [&] {
+    std::vector<std::uint32_t> order(n);
+    std::iota(order.begin(), order.end(), 0u);
+    std::sort(order.begin(), order.end(),
+              [&](std::uint32_t x, std::uint32_t y) { return r.start(x) < r.start(y); });
+    return order;
+  };
+
+  r.poison();
+  ex.run(SchedulingPolicy::priority);
+  std::vector<std::uint32_t> want(n);
+  std::iota(want.begin(), want.end(), 0u);
+  auto level = [&](std::uint32_t t) { return std::min<std::uint32_t>(prio[t], 3); };
+  std::stable_sort(want.begin(), want.end(),
+                   [&](std::uint32_t x, std::uint32_t y) { return level(x) > level(y); });
+  EXPECT_EQ(executed_order(), want);
+
+  r.poison();
+  ex.run(SchedulingPolicy::fifo);
+  std::vector<std::uint32_t> ready_order(n);
+  std::iota(ready_order.begin(), ready_order.end(), 0u);
+  EXPECT_EQ(executed_order(), ready_order);
+}
+
+// One processor, tasks released during the launch: A releases L1..Lk (level 0) and then H
+// (level 3) in one arrival. Under the priority policy H is the highest ready task when A ends, so
+// it runs next; under FIFO the released tasks run in the order they were released. Every Li
+// releases a follower Fi, which became ready after all of L1..Lk and H, so under FIFO it runs
+// after them.
+TEST(Executor, OneProcessorRunsReleasedTasksInPolicyOrder) {
+  constexpr std::uint32_t k = 6;
+  // Slots: 0 = A, 1..k = L, k+1 = H, k+2.. = F.
+  Recorder r(2 * k + 2);
+  GraphBuilder b;
+  EventId const a_done = b.add_event(1);
+  b.add_task(stamp_task(r, 0, a_done));
+  std::vector<EventId> l_done;
+  for (std::uint32_t i = 1; i <= k; ++i) {
+    l_done.push_back(b.add_event(1));
+    b.add_task(stamp_task(r, i, l_done.back(), 0), {a_done});
+  }
+  b.add_task(stamp_task(r, k + 1, kNoEvent, 3), {a_done});
+  for (std::uint32_t i = 0; i < k; ++i) b.add_task(stamp_task(r, k + 2 + i, kNoEvent, 0), {l_done[i]});
+  CpuExecutor<TestPipeline> ex(one_rank(b.build()), options_with(1));
+  auto order = [&] {
+    std::vector<std::uint32_t> o(r.slots());
+    std::iota(o.begin(), o.end(), 0u);
+    std::sort(o.begin(), o.end(),
+              [&](std::uint32_t x, std::uint32_t y) { return r.start(x) < r.start(y); });
+    return o;
+  };
+  std::vector<std::uint32_t> fifo(r.slots());
+  std::iota(fifo.begin(), fifo.end(), 0u);  // A, L1..Lk, H, F1..Fk
+  int fifo_wrong = 0, priority_wrong = 0;
+  std::vector<std::uint32_t> first_fifo_wrong, first_priority_wrong;
+  for (int launch = 0; launch < 20; ++launch) {
+    r.poison();
+    ex.run(SchedulingPolicy::fifo);
+    if (std::vector<std::uint32_t> const got = order(); got != fifo && fifo_wrong++ == 0)
+      first_fifo_wrong = got;
+    r.poison();
+    ex.run(SchedulingPolicy::priority);
+    if (std::vector<std::uint32_t> const got = order(); got[1] != k + 1 && priority_wrong++ == 0)
+      first_priority_wrong = got;
+  }
+  EXPECT_EQ(fifo_wrong, 0) << "FIFO launches out of ready order, e.g. "
+                           << ::testing::PrintToString(first_fifo_wrong) << " (want "
+                           << ::testing::PrintToString(fifo) << ")";
+  EXPECT_EQ(priority_wrong, 0) << "priority launches where a level-0 task ran before the level-3 "
+                                  "task released with it, e.g. "
+                               << ::testing::PrintToString(first_priority_wrong) << " (H = slot "
+                               << k + 1 << ")";
+}
+
+TEST(Executor, LaunchWithoutTasksTerminates) {
+  CpuExecutor<TestPipeline> ex(one_rank(GraphBuilder{}.build()), options_with(2));
+  for (int i = 0; i < 5; ++i) ex.run(kPolicies[i % 2]);
+  EXPECT_EQ(ex.launches(), 5u);
+}
+
+TEST(Executor, LaunchOfOnlyRootsTerminates) {
+  Recorder r(200);
+  GraphBuilder b;
+  Shape s;
+  for (std::uint32_t t = 0; t < 200; ++t) b.add_task(stamp_task(r, t));
+  s.graph = b.build();
+  s.tasks = 200;
+  EXPECT_EQ(s.graph.roots.size(), 200u);
+  run_and_check(s, r, options_with(4), 3);
+}
+
+TEST(Executor, MoreProcessorsThanTasks) {
+  Recorder r(3);
+  Shape const s = fan_shape(r, 1);
+  run_and_check(s, r, options_with(8), 3);
+}
+
+// The epoch is what every epoch-valued flag (symmetric-heap signals, arrival markers) is compared
+// against, so it must never go back, not even when a launch fails and the executor re-initialises.
+TEST(Executor, EpochKeepsGrowingAcrossAFailedLaunch) {
+  Recorder r(2);
+  std::uint32_t trigger = 0;
+  GraphBuilder b;
+  b.add_task(stamp_task(r, 0));
+  b.add_task(checked_fail_task<TestPipeline>(&trigger));
+  CpuExecutor<TestPipeline> ex(one_rank(b.build()), options_with(2));
+  std::uint64_t last = 0;
+  for (int i = 0; i < 3; ++i) {
+    r.poison();
+    ex.run();
+    EXPECT_GT(r.epoch(0), last);
+    last = r.epoch(0);
+  }
+  trigger = 1;
+  r.poison();
+  EXPECT_TRUE(mentions(error_of([&] { ex.run(); }), "checked_fail"));
+  if (r.runs(0) == 1) last = std::max(last, r.epoch(0));
+  trigger = 0;
+  for (int i = 0; i < 3; ++i) {
+    r.poison();
+    ex.run();
+    ASSERT_EQ(r.runs(0), 1u);
+    EXPECT_GT(r.epoch(0), last) << "launch after the failure reused an old epoch";
+    last = r.epoch(0);
+  }
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,288 @@
+// The persistent kernel runs the foundation's graphs: chain, fan-out/fan-in, gates, dynamic
+// emission, repeated launches, graph capture, watchdog, trace.
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+
+#include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/gpu_executor.cuh"
+#include "runtime/runtime.hpp"
+#include "tasks/empty.hpp"
+#include "tests/gpu/gpu_test_util.cuh"
+
+namespace loom_gpu_test {
+
+using loom::EventId;
+using loom::Graph;
+using loom::GraphBuilder;
+using loom::TaskContext;
+
+// Records, per task, a global ticket taken when it starts; the test checks the order.
+struct Stamp {
+  static constexpr char const* name = "stamp";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    unsigned long long* clock;  // global ticket counter
+    unsigned long long* starts;  // [tasks]
+    unsigned long long* ends;    // [tasks]
+    std::uint32_t index;
+  };
+  static void host(Payload const& p, TaskContext&) {
+    p.starts[p.index] = ++*p.clock;
+    p.ends[p.index] = ++*p.clock;
+  }
+  __device__ static void device(Payload const& p, TaskContext&) {
+    if (threadIdx.x == 0) {
+      p.starts[p.index] = atomicAdd(p.clock, 1ull) + 1;
+      __threadfence();
+      p.ends[p.index] = atomicAdd(p.clock, 1ull) + 1;
+    }
+  }
+};
+
+// Emits `count` dynamic Stamp tasks (bound `bound`), retiring the rest of the bound.
+struct Spawn {
+  static constexpr char const* name = "spawn";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    Stamp::Payload stamp;
+    std::uint32_t count;
+    std::uint32_t bound;
+    EventId completes;
+  };
+  static void host(Payload const&, TaskContext&) {}
+  __device__ static void device(Payload const& p, TaskContext& ctx);
+};
+
+using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn>;
+
+__device__ void Spawn::device(Payload const& p, TaskContext& ctx) {
+  if (threadIdx.x != 0) return;
+  for (std::uint32_t i = 0; i < p.count; ++i) {
+    Stamp::Payload s = p.stamp;
+    s.index = p.stamp.index + i;
+    ctx.emit(TestPipeline::make_dynamic<Stamp>(s, p.completes));
+  }
+  ctx.retire(p.bound - p.count);
+}
+
+}  // namespace loom_gpu_test
+
+namespace {
+
+using namespace loom_gpu_test;
+using loom::EventId;
+using loom::GraphBuilder;
+
+struct Stamps {
+  explicit Stamps(std::size_t n) : clock(1), starts(n), ends(n) { clock.fill_bytes(0); }
+  loom::DeviceBuffer<unsigned long long> clock, starts, ends;
+  Stamp::Payload payload(std::uint32_t i) const {
+    return Stamp::Payload{clock.get(), starts.get(), ends.get(), i};
+  }
+  void poison() {
+    starts.fill_bytes(0);
+    ends.fill_bytes(0);
+  }
+};
+
+TEST(GpuRuntime, ChainRunsInOrder) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t n = 10000;
+  Stamps st(n);
+  GraphBuilder b;
+  EventId prev = loom::kNoEvent;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    EventId const e = b.add_event(1);
+    if (prev == loom::kNoEvent) b.add_task(TestPipeline::make<Stamp>(st.payload(i), e));
+    else b.add_task(TestPipeline::make<Stamp>(st.payload(i), e), {prev});
+    prev = e;
+  }
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  for (int launch = 0; launch < 3; ++launch) {
+    st.poison();
+    ex.run();
+    auto const starts = st.starts.download();
+    auto const ends = st.ends.download();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      ASSERT_NE(starts[i], 0u) << "task " << i << " never ran";
+      if (i > 0) ASSERT_GT(starts[i], ends[i - 1]) << "task " << i << " ran before its predecessor";
+    }
+  }
+  EXPECT_EQ(ex.launches(), 3u);
+}
+
+TEST(GpuRuntime, FanOutFanInAndGates) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t width = 10000;
+  Stamps st(width + 4);
+  GraphBuilder b;
+  EventId const head = b.add_event(1);
+  EventId const body = b.add_event(width);
+  EventId const side = b.add_event(1);
+  b.add_task(TestPipeline::make<Stamp>(st.payload(0), head));
+  b.add_task(TestPipeline::make<Stamp>(st.payload(1), side));
+  for (std::uint32_t i = 0; i < width; ++i)
+    b.add_task(TestPipeline::make<Stamp>(st.payload(2 + i), body), {head});
+  b.add_task(TestPipeline::make<Stamp>(st.payload(width + 2)), {body, side});  // two gates
+  for (auto policy : {loom::SchedulingPolicy::fifo, loom::SchedulingPolicy::priority}) {
+    loom::GpuOptions o;
+    o.policy = policy;
+    loom::GpuExecutor<TestPipeline> ex(b.build(), o);
+    for (int launch = 0; launch < 3; ++launch) {
+      st.poison();
+      ex.run();
+      auto const starts = st.starts.download();
+      auto const ends = st.ends.download();
+      unsigned long long last_body_end = 0;
+      for (std::uint32_t i = 0; i < width; ++i) {
+        ASSERT_GT(starts[2 + i], ends[0]);
+        last_body_end = std::max(last_body_end, ends[2 + i]);
+      }
+      EXPECT_GT(starts[width + 2], last_body_end);
+      EXPECT_GT(starts[width + 2], ends[1]);
+    }
+  }
+}
+
+TEST(GpuRuntime, ThousandsOfLaunchesReuseTheStateWithoutReset) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t width = 64;
+  Stamps st(width + 1);
+  GraphBuilder b;
+  EventId const all = b.add_event(width);
+  for (std::uint32_t i = 0; i < width; ++i) b.add_task(TestPipeline::make<Stamp>(st.payload(i), all));
+  b.add_task(TestPipeline::make<Stamp>(st.payload(width)), {all});
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  constexpr int launches = 10000;
+  for (int i = 0; i < launches; ++i) ex.launch();
+  ex.check();
+  EXPECT_EQ(ex.launches(), static_cast<std::uint64_t>(launches));
+  // The clock counts two tickets per task per launch: nothing ran twice or was skipped.
+  auto const clock = st.clock.download();
+  EXPECT_EQ(clock[0], 2ull * (width + 1) * launches);
+}
+
+TEST(GpuRuntime, LaunchReplaysFromACudaGraph) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t width = 256;
+  Stamps st(width);
+  GraphBuilder b;
+  for (std::uint32_t i = 0; i < width; ++i) b.add_task(TestPipeline::make<Stamp>(st.payload(i)));
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  cudaStream_t stream;
+  LOOM_CUDA(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  LOOM_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  ex.launch(stream);
+  LOOM_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  LOOM_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  constexpr int replays = 100;
+  for (int i = 0; i < replays; ++i) LOOM_CUDA(cudaGraphLaunch(exec, stream));
+  ex.check(stream);
+  EXPECT_EQ(ex.launches(), static_cast<std::uint64_t>(replays));
+  EXPECT_EQ(st.clock.download()[0], 2ull * width * replays);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuRuntime, DynamicEmissionWithinALargerBound) {
+  LOOM_REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  constexpr std::uint32_t spawners = 32, bound_each = 40;
+  Stamps st(spawners * bound_each + 1);
+  std::vector<std::uint32_t> counts(spawners);
+  std::uint32_t total = 0;
+  for (auto& c : counts) total += (c = rng() % (bound_each + 1));
+  GraphBuilder b;
+  EventId const done = b.add_event(total + spawners, loom::EventOptions{true});
+  for (std::uint32_t i = 0; i < spawners; ++i)
+    b.add_task(TestPipeline::make<Spawn>(
+        Spawn::Payload{st.payload(i * bound_each), counts[i], bound_each, done}, done));
+  b.add_task(TestPipeline::make<Stamp>(st.payload(spawners * bound_each)), {done});
+  b.set_dynamic_bound(spawners * bound_each);
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  for (int launch = 0; launch < 5; ++launch) {
+    st.poison();
+    ex.run();
+    auto const starts = st.starts.download();
+    for (std::uint32_t i = 0; i < spawners; ++i)
+      for (std::uint32_t j = 0; j < bound_each; ++j)
+        EXPECT_EQ(starts[i * bound_each + j] != 0, j < counts[i]) << "spawner " << i << " #" << j;
+    EXPECT_NE(starts[spawners * bound_each], 0u) << "the successor of the dynamic tasks never ran";
+  }
+}
+
+TEST(GpuRuntime, UnsatisfiableDependencyEndsInWatchdogError) {
+  LOOM_REQUIRE_GPU();
+  GraphBuilder b;
+  EventId const never = b.add_event(2, loom::EventOptions{true});  // only one arrival will come
+  b.add_task(TestPipeline::make<loom::tasks::Empty>({0}, never));
+  b.add_task(TestPipeline::make<loom::tasks::Empty>({0}), {never});
+  loom::GpuOptions o;
+  o.watchdog = std::chrono::milliseconds(300);
+  loom::GpuExecutor<TestPipeline> ex(b.build(), o);
+  auto const t0 = std::chrono::steady_clock::now();
+  try {
+    ex.run();
+    FAIL() << "an unsatisfiable dependency must not complete";
+  } catch (loom::Error const& e) {
+    std::string const msg = e.what();
+    EXPECT_NE(msg.find("watchdog"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("scheduler"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("#0"), std::string::npos) << msg;  // the event it waited on
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  // The executor re-initialised itself: a satisfiable graph on the same device still runs.
+  GraphBuilder ok;
+  ok.add_task(TestPipeline::make<loom::tasks::Empty>({0}));
+  loom::GpuExecutor<TestPipeline> ex2(ok.build());
+  ex2.run();
+}
+
+TEST(GpuRuntime, TraceRecordsEveryTask) {
+  LOOM_REQUIRE_GPU();
+  GraphBuilder b;
+  constexpr std::uint32_t n = 1000;
+  for (std::uint32_t i = 0; i < n; ++i) b.add_task(TestPipeline::make<loom::tasks::Empty>({0}, loom::kNoEvent, i));
+  loom::GpuOptions o;
+  o.trace_capacity = 2 * n;
+  loom::GpuExecutor<TestPipeline> ex(b.build(), o);
+  ex.run();
+  auto const trace = ex.take_trace();
+  ASSERT_EQ(trace.size(), n);
+  std::vector<bool> seen(n, false);
+  for (auto const& r : trace) {
+    ASSERT_LT(r.task_id, n);
+    seen[r.task_id] = true;
+    EXPECT_LE(r.start_ns, r.end_ns);
+    EXPECT_LT(r.processor, ex.processors());
+  }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](bool s) { return s; }));
+  std::string const json = loom::chrome_trace_json(trace, TestPipeline::names, TestPipeline::size);
+  EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
+}
+
+TEST(GpuRuntime, GridComesFromTheOccupancyApi) {
+  LOOM_REQUIRE_GPU();
+  GraphBuilder b;
+  b.add_task(TestPipeline::make<loom::tasks::Empty>({0}));
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  int device = 0, sms = 0;
+  LOOM_CUDA(cudaGetDevice(&device));
+  LOOM_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  EXPECT_EQ(ex.shape().sm_count, static_cast<std::uint32_t>(sms));
+  EXPECT_EQ(ex.shape().grid, ex.shape().blocks_per_sm * ex.shape().sm_count);
+  loom::GpuOptions small;
+  small.max_processors = 3;
+  loom::GpuExecutor<TestPipeline> ex3(b.build(), small);
+  EXPECT_EQ(ex3.processors(), 3u);
+  ex3.run();
+}
+
+}  // namespace
