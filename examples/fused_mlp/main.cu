@@ -19,6 +19,7 @@
 
 #include "examples/fused_mlp/fused_mlp.hpp"
 #include "runtime/runtime.hpp"
+#include "runtime/trace.hpp"
 #if __has_include("runtime/cuda/gpu_executor.cuh")
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
@@ -39,7 +40,14 @@ struct Inputs {
 struct Outcome {
   std::vector<float> y;           // [m][n] after the last launch
   std::vector<double> launch_ms;  // one per launch
+  std::vector<loom::TraceRecord> trace;  // the last launch's tasks, when tracing
 };
+
+// Room for every task of one launch: one per tile of each layer.
+std::uint32_t trace_capacity(FusedMlpProblem const& p) {
+  std::uint32_t const rows = (p.m + p.tile_m - 1) / p.tile_m;
+  return rows * ((p.h + p.tile_h - 1) / p.tile_h + (p.n + p.tile_n - 1) / p.tile_n);
+}
 
 // Uniform inputs; weights scaled by 1/sqrt(fan-in) so activations stay O(1) at every size.
 Inputs random_inputs(FusedMlpProblem const& p, std::uint64_t seed) {
@@ -61,18 +69,20 @@ Outcome run_on_cpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters,
                    loom::CpuOptions const& options) {
   float const nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> hidden(std::size_t{p.m} * p.h, nan);
-  Outcome out{std::vector<float>(std::size_t{p.m} * p.n, nan), {}};
+  Outcome out{std::vector<float>(std::size_t{p.m} * p.n, nan), {}, {}};
   std::vector<loom::Graph> graphs;
   graphs.push_back(loom::examples::build_fused_mlp_graph<MlpPipeline>(
       p, in.x.data(), in.w1.data(), in.w2.data(), hidden.data(), out.y.data()));
   loom::CpuExecutor<MlpPipeline> executor(std::move(graphs), options);
   for (unsigned i = 0; i < iters; ++i) {
+    executor.take_trace(0);  // keep only the last launch's records
     auto const start = std::chrono::steady_clock::now();
     executor.run();
     std::chrono::duration<double, std::milli> const elapsed =
         std::chrono::steady_clock::now() - start;
     out.launch_ms.push_back(elapsed.count());
   }
+  out.trace = executor.take_trace(0);
   return out;
 }
 
@@ -97,13 +107,14 @@ bool gpu_available() {
 // The GPU backend: inputs copied to the device, the same graph built over device pointers, one
 // persistent-kernel launch per iteration timed with events, Y copied back after the last.
 Outcome run_on_gpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters,
-                   loom::SchedulingPolicy policy) {
+                   loom::SchedulingPolicy policy, bool trace) {
   loom::DeviceBuffer<float> const x(in.x), w1(in.w1), w2(in.w2);
   loom::DeviceBuffer<float> hidden(std::size_t{p.m} * p.h), y(std::size_t{p.m} * p.n);
   hidden.fill_bytes(0xFF);  // NaN: a tile that is never written shows in the error
   y.fill_bytes(0xFF);
   loom::GpuOptions options;
   options.policy = policy;
+  options.trace_capacity = trace ? trace_capacity(p) : 0;
   loom::GpuExecutor<MlpPipeline> executor(
       loom::examples::build_fused_mlp_graph<MlpPipeline>(p, x.get(), w1.get(), w2.get(),
                                                          hidden.get(), y.get()),
@@ -111,6 +122,7 @@ Outcome run_on_gpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters,
   CudaEvent start, stop;
   Outcome out;
   for (unsigned i = 0; i < iters; ++i) {
+    executor.take_trace();  // keep only the last launch's records
     LOOM_CUDA(cudaEventRecord(start.get()));
     executor.launch();
     LOOM_CUDA(cudaEventRecord(stop.get()));
@@ -120,6 +132,7 @@ Outcome run_on_gpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters,
     out.launch_ms.push_back(ms);
   }
   out.y = y.download();
+  out.trace = executor.take_trace();
   return out;
 }
 #else
@@ -127,7 +140,8 @@ bool gpu_available() {
   return false;
 }
 
-Outcome run_on_gpu(FusedMlpProblem const&, Inputs const&, unsigned, loom::SchedulingPolicy) {
+Outcome run_on_gpu(FusedMlpProblem const&, Inputs const&, unsigned, loom::SchedulingPolicy,
+                   bool) {
   throw loom::Error("GPU backend not built");
 }
 #endif
@@ -143,7 +157,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   namespace po = boost::program_options;
   FusedMlpProblem p;
-  std::string act = "relu", backend = "auto", policy = "fifo";
+  std::string act = "relu", backend = "auto", policy = "fifo", trace_path;
   unsigned iters = 10, processors = 4;
   std::uint64_t seed = 1;
   po::options_description desc("fused_mlp: Y = act(X W1) W2 on the Loom runtime");
@@ -163,7 +177,9 @@ int main(int argc, char** argv) {
       ("seed", po::value(&seed)->default_value(seed), "input seed")
       ("processors", po::value(&processors)->default_value(processors),
        "CPU executor: processor threads")
-      ("policy", po::value(&policy)->default_value(policy), "scheduling policy: fifo, priority");
+      ("policy", po::value(&policy)->default_value(policy), "scheduling policy: fifo, priority")
+      ("trace", po::value(&trace_path), "write the last launch's tasks as Chrome-trace JSON "
+                                        "(open in Perfetto) to this file");
   // clang-format on
   try {
     po::variables_map vm;
@@ -198,12 +214,17 @@ int main(int argc, char** argv) {
         policy == "priority" ? loom::SchedulingPolicy::priority : loom::SchedulingPolicy::fifo;
     Outcome out;
     if (use_gpu) {
-      out = run_on_gpu(p, in, iters, scheduling);
+      out = run_on_gpu(p, in, iters, scheduling, !trace_path.empty());
     } else {
       loom::CpuOptions options;
       options.processors = processors;
       options.policy = scheduling;
+      options.trace_capacity = trace_path.empty() ? 0 : trace_capacity(p);
       out = run_on_cpu(p, in, iters, options);
+    }
+    if (!trace_path.empty()) {
+      loom::write_chrome_trace(trace_path, out.trace, MlpPipeline::names, MlpPipeline::size);
+      std::printf("trace: %zu tasks written to %s\n", out.trace.size(), trace_path.c_str());
     }
     double const error = loom::examples::relative_error(out.y, reference);
     double const ms = median(out.launch_ms);

@@ -90,6 +90,11 @@ class GpuExecutor {
       throw Error("loom: " + std::to_string(options.subscribers) +
                   " subscriber warps plus the scheduler warp do not fit in a block of " +
                   std::to_string(shape.threads) + " threads");
+    if (shape.shared_bytes > prop.sharedMemPerBlockOptin)
+      throw Error("loom: the pipeline's task types need " + std::to_string(shape.shared_bytes) +
+                  " bytes of shared memory per block; " + prop.name + " allows at most " +
+                  std::to_string(prop.sharedMemPerBlockOptin) +
+                  ", so the persistent kernel cannot be resident");
     std::uint32_t per_sm = ~0u;
     for (auto k : {kernel<FifoPolicy>(), kernel<PriorityPolicy>()}) {
       if (shape.shared_bytes > 48 * 1024)

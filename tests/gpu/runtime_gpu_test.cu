@@ -57,7 +57,38 @@ struct Spawn {
   __device__ static void device(Payload const& p, TaskContext& ctx);
 };
 
-using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn>;
+// Fails its check when `value` is not `want`: the device-side assertion path.
+struct Check {
+  static constexpr char const* name = "check";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    std::uint32_t value;
+    std::uint32_t want;
+  };
+  static void host(Payload const&, TaskContext&) {}
+  __device__ static void device(Payload const& p, TaskContext& ctx);
+};
+
+// Needs more shared memory than any SM has: the launcher must refuse it before launching.
+struct Huge {
+  static constexpr char const* name = "huge";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 512 * 1024;
+  struct Payload {
+    std::uint32_t unused;
+  };
+  static void host(Payload const&, TaskContext&) {}
+  __device__ static void device(Payload const&, TaskContext&) {}
+};
+
+using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn, Check>;
+using HugePipeline = loom::Pipeline<Huge>;
+
+__device__ void Check::device(Payload const& p, TaskContext& ctx) {
+  if (threadIdx.x == 0 && p.value != p.want)
+    ctx.fail(TestPipeline::id<Check>, __LINE__, p.value, p.want);
+}
 
 __device__ void Spawn::device(Payload const& p, TaskContext& ctx) {
   if (threadIdx.x != 0) return;
@@ -235,7 +266,8 @@ TEST(GpuRuntime, UnsatisfiableDependencyEndsInWatchdogError) {
     std::string const msg = e.what();
     EXPECT_NE(msg.find("watchdog"), std::string::npos) << msg;
     EXPECT_NE(msg.find("scheduler"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("#0"), std::string::npos) << msg;  // the event it waited on
+    EXPECT_NE(msg.find("event 0 expected 2 arrivals"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("saw 1"), std::string::npos) << msg;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   // The executor re-initialised itself: a satisfiable graph on the same device still runs.
@@ -243,6 +275,74 @@ TEST(GpuRuntime, UnsatisfiableDependencyEndsInWatchdogError) {
   ok.add_task(TestPipeline::make<loom::tasks::Empty>({0}));
   loom::GpuExecutor<TestPipeline> ex2(ok.build());
   ex2.run();
+}
+
+TEST(GpuRuntime, DiamondsRunEveryTaskOnceAfterItsPredecessors) {
+  LOOM_REQUIRE_GPU();
+  // 2500 diamonds in a row: A -> {B, C} -> D -> next A. 10,000 tasks.
+  constexpr std::uint32_t diamonds = 2500;
+  Stamps st(4 * diamonds);
+  GraphBuilder b;
+  EventId prev = loom::kNoEvent;
+  for (std::uint32_t d = 0; d < diamonds; ++d) {
+    EventId const a_done = b.add_event(1), bc_done = b.add_event(2), d_done = b.add_event(1);
+    std::vector<EventId> after;
+    if (prev != loom::kNoEvent) after.push_back(prev);
+    b.add_task(TestPipeline::make<Stamp>(st.payload(4 * d), a_done), after);
+    b.add_task(TestPipeline::make<Stamp>(st.payload(4 * d + 1), bc_done), {a_done});
+    b.add_task(TestPipeline::make<Stamp>(st.payload(4 * d + 2), bc_done), {a_done});
+    b.add_task(TestPipeline::make<Stamp>(st.payload(4 * d + 3), d_done), {bc_done});
+    prev = d_done;
+  }
+  for (auto policy : {loom::SchedulingPolicy::fifo, loom::SchedulingPolicy::priority}) {
+    loom::GpuOptions o;
+    o.policy = policy;
+    loom::GpuExecutor<TestPipeline> ex(b.build(), o);
+    st.poison();
+    ex.run();
+    auto const starts = st.starts.download();
+    auto const ends = st.ends.download();
+    for (std::uint32_t d = 0; d < diamonds; ++d) {
+      std::uint32_t const a = 4 * d;
+      ASSERT_GT(starts[a + 1], ends[a]);
+      ASSERT_GT(starts[a + 2], ends[a]);
+      ASSERT_GT(starts[a + 3], std::max(ends[a + 1], ends[a + 2]));
+      if (d > 0) ASSERT_GT(starts[a], ends[a - 1]);
+    }
+  }
+}
+
+TEST(GpuRuntime, FailedDeviceCheckEndsTheLaunchWithItsTaskType) {
+  LOOM_REQUIRE_GPU();
+  GraphBuilder b;
+  for (std::uint32_t i = 0; i < 500; ++i)
+    b.add_task(TestPipeline::make<Check>(Check::Payload{i, i == 321 ? 0u : i}));
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  try {
+    ex.run();
+    FAIL() << "a failed check must end the launch with an error";
+  } catch (loom::Error const& e) {
+    std::string const msg = e.what();
+    EXPECT_NE(msg.find("check"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("321"), std::string::npos) << msg;
+  }
+  // The state was re-initialised: a good graph runs on the same executor's device.
+  GraphBuilder ok;
+  ok.add_task(TestPipeline::make<Check>(Check::Payload{7, 7}));
+  loom::GpuExecutor<TestPipeline> ex2(ok.build());
+  ex2.run();
+}
+
+TEST(GpuRuntime, LauncherRefusesAPipelineThatCannotBeResident) {
+  LOOM_REQUIRE_GPU();
+  GraphBuilder b;
+  b.add_task(HugePipeline::make<Huge>({0}));
+  try {
+    loom::GpuExecutor<HugePipeline> ex(b.build());
+    FAIL() << "a block needing 512 KiB of shared memory cannot be resident";
+  } catch (loom::Error const& e) {
+    EXPECT_NE(std::string(e.what()).find("shared memory"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GpuRuntime, TraceRecordsEveryTask) {
