@@ -27,6 +27,13 @@ class TaskContext {
     Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
     return emit_task(state_, task, who_, dog);
   }
+  // Emits n dynamic tasks make(0) .. make(n-1) at once (one bound check, one queue ticket per
+  // chunk). Device: one thread calls.
+  template <class MakeFn>
+  LOOM_HD bool emit_many(std::uint32_t n, MakeFn make) const {
+    Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
+    return emit_tasks(state_, n, make, who_, dog);
+  }
   // Gives back n tasks of the dynamic bound that this launch will not emit. Device: one thread.
   LOOM_HD void retire(std::uint32_t n) const { retire_slack(state_, n); }
   // One arrival on event e (besides the task's own completion). Device: one thread calls.

@@ -151,7 +151,7 @@ class CpuExecutor {
     std::string message;
     for (auto& rank : ranks_) {
       ErrorRecord const e = rank->take_error();
-      if (e.code != 0 && message.empty()) message = describe(e, Pipeline::names, Pipeline::size);
+      if (e.code != 0 && message.empty()) message = Pipeline::describe(e);
     }
     if (!message.empty()) {
       // Every rank restarts at one epoch past the failed launch, together.

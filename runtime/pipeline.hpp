@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -34,6 +35,14 @@ template <class T>
 struct index_of<T> {
   static_assert(sizeof(T) == 0, "task type is not in this pipeline");
 };
+
+// A task type may explain its own failed checks: static std::string describe_failure(code, a, b).
+template <class T, class = void>
+struct has_describe_failure : std::false_type {};
+template <class T>
+struct has_describe_failure<
+    T, std::void_t<decltype(T::describe_failure(0u, std::uint64_t{}, std::uint64_t{}))>>
+    : std::true_type {};
 }  // namespace detail
 
 template <class... Types>
@@ -66,6 +75,20 @@ struct Pipeline {
     return encode_task(id<T>, payload, completes, id_, priority);
   }
 
+  // The message for a launch's error record, in the words of the failing task type when it has
+  // describe_failure.
+  static std::string describe(ErrorRecord const& e) {
+    if (static_cast<ErrorCode>(e.code) == ErrorCode::task_assert && e.object < size) {
+      std::string custom;
+      std::uint32_t i = 0;
+      ((i++ == e.object ? (custom = failure_text<Types>(e), 0) : 0), ...);
+      if (!custom.empty())
+        return std::string("loom: ") + names[e.object] + " failed (block " +
+               std::to_string(e.block) + ", rank " + std::to_string(e.rank) + "): " + custom;
+    }
+    return loom::describe(e, names, size);
+  }
+
   // Runs the host body of the task's type. For a type not in the list: records bad_task_type in the
   // launch's error record and returns false.
   static bool run_host(Task const& task, TaskContext& ctx) {
@@ -80,6 +103,14 @@ struct Pipeline {
 #endif
 
  private:
+  template <class T>
+  static std::string failure_text(ErrorRecord const& e) {
+    if constexpr (detail::has_describe_failure<T>::value)
+      return T::describe_failure(e.site, e.expected, e.seen);
+    else
+      return std::string();
+  }
+
   template <std::size_t... I>
   static bool run_host_impl(Task const& task, TaskContext& ctx, std::index_sequence<I...>) {
     bool const known = ((task.header.type == I

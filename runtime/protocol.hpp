@@ -94,6 +94,31 @@ LOOM_HD LOOM_INLINE bool emit_task(RuntimeState const& s, Task const& task, Wait
   return make_ready(s, s.graph.task_count + static_cast<TaskRef>(n), task.header.priority, dog);
 }
 
+// Emits `n` dynamic tasks, make(i) for i < n, with one bound check and one queue ticket per chunk:
+// the way a last arriver releases a whole row of tiles.
+template <class MakeFn>
+LOOM_HD bool emit_tasks(RuntimeState const& s, std::uint32_t n, MakeFn make, WaiterId who,
+                        Watchdog& dog) {
+  if (n == 0) return true;
+  std::uint64_t const first =
+      fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{n});
+  if (first + n > s.graph.dynamic_bound) {
+    raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0,
+                0, s.graph.dynamic_bound, first + n);
+    return false;
+  }
+  for (std::uint32_t i = 0; i < n; ++i) s.dynamic_tasks[first + i] = make(i);
+  TaskRef const base = s.graph.task_count + static_cast<TaskRef>(first);
+  for (std::uint32_t done = 0; done < n; done += kPushChunk) {
+    std::uint32_t const m = n - done < kPushChunk ? n - done : kPushChunk;
+    auto entry = [&](std::uint32_t k) {
+      return ready_entry(base + done + k, s.dynamic_tasks[first + done + k].header.priority);
+    };
+    if (!queue_push_chunk(s.ready, m, entry, dog)) return false;
+  }
+  return true;
+}
+
 // Gives back `n` tasks of the dynamic bound that will never be emitted in this launch (the real
 // count became known). Termination waits for completed + retired == static + bound, so every
 // emitter must either emit or retire each task of the bound it was given.

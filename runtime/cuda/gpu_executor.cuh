@@ -55,7 +55,7 @@ class GpuExecutor {
     ErrorRecord const e = state_.read_error();
     if (e.code != 0) {
       state_.reinitialize_after_failure();
-      throw Error(describe(e, Pipeline::names, Pipeline::size));
+      throw Error(Pipeline::describe(e));
     }
   }
 

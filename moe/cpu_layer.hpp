@@ -1,0 +1,47 @@
+// The MoE layer on the CPU executor: the same pipeline and decomposition as on the GPU, with the
+// task types' host bodies. Inputs, outputs and weights in host memory.
+#pragma once
+
+#include <memory>
+
+#include "moe/pipeline.hpp"
+#include "moe/weights.hpp"
+#include "runtime/cpu_executor.hpp"
+
+namespace loom::moe {
+
+class CpuMoELayer {
+ public:
+  CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options = {});
+
+  MoEConfig const& config() const { return config_; }
+
+  // x [tokens][H] -> out [tokens][H] with the fused router.
+  void forward(bf16 const* x, std::uint32_t tokens, bf16* out);
+  // The same with the caller's routing: ids [tokens][k] (-1: none), weights [tokens][k]. Invalid
+  // routing (id out of range or repeated in a row, non-finite weight) is rejected before the
+  // launch with loom::Error.
+  void forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
+               float const* weights, bf16* out);
+
+  // Of the last call: tokens routed to each expert, and the routing used.
+  std::vector<std::uint32_t> expert_tokens() const;
+  std::vector<std::int32_t> topk_ids() const;
+  std::vector<float> topk_weights() const;
+
+ private:
+  void run(bf16 const* x, std::uint32_t tokens, bf16* out);
+
+  MoEConfig config_;
+  std::vector<bf16> router_, w1_, w2_;
+  std::vector<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
+      block_pairs_, row_source_, rows_arrived_, up_done_, block_done_;
+  std::vector<std::int32_t> ids_;
+  std::vector<float> weights_, y_;
+  std::vector<bf16> pool_, h_;
+  std::unique_ptr<MoEView> view_;
+  std::unique_ptr<CpuExecutor<MoEPipeline>> executor_;
+  std::uint32_t last_tokens_ = 0;
+};
+
+}  // namespace loom::moe

@@ -1,0 +1,152 @@
+// The M-tile of an expert GEMM: which rows of the expert's pool it covers, and the payload of
+// the up- and down-projection tasks over it.
+#pragma once
+
+#include "moe/view.hpp"
+#include "runtime/context.hpp"
+
+namespace loom::moe {
+
+struct TilePayload {
+  MoEView const* view;
+  std::uint32_t row0;   // first pool row
+  std::uint32_t mtile;  // global M-tile index (arrival counters)
+  std::uint16_t rows;   // valid rows, 1 .. kTileRows
+  std::uint16_t expert;
+  std::uint16_t ntile;
+};
+
+// Emits one task of `type` per N-tile of an M-tile.
+LOOM_HD inline bool emit_row_of_tiles(TaskContext& ctx, std::uint16_t type, TilePayload tile,
+                                      std::uint32_t ntiles) {
+  return ctx.emit_many(ntiles, [&](std::uint32_t n) {
+    TilePayload p = tile;
+    p.ntile = static_cast<std::uint16_t>(n);
+    return encode_task(type, p);
+  });
+}
+
+// Gather: copy each routed token row of a block into its expert's pool; the arrival that
+// completes an M-tile emits the tile's up-projection row.
+struct GatherTokens {
+  static constexpr char const* name = "moe_gather";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 0;
+  using Payload = BlockPayload;
+
+  // Claims the pool row of pair (t, j) routed to expert e.
+  LOOM_HD static std::uint32_t claim(MoEView const& v, std::int32_t e, std::uint32_t& index) {
+    index = fetch_add_acq_rel(v.fill[e], 1u);
+    return v.offsets[e] + index;
+  }
+
+  // After the row is written: one arrival on its M-tile; the last one emits the up row.
+  LOOM_HD static void arrive(MoEView const& v, std::int32_t e, std::uint32_t index,
+                             TaskContext& ctx) {
+    std::uint32_t const local_tile = index / kTileRows;
+    std::uint32_t const count = v.offsets[e + 1] - v.offsets[e];
+    std::uint32_t const rows = count - local_tile * kTileRows < kTileRows
+                                   ? count - local_tile * kTileRows
+                                   : kTileRows;
+    std::uint32_t const mtile = v.tile_base[e] + local_tile;
+    if (fetch_add_acq_rel(v.rows_arrived[mtile], 1u) + 1 != rows) return;
+    store_relaxed(v.rows_arrived[mtile], 0u);
+    TilePayload tile{&v, v.offsets[e] + local_tile * kTileRows, mtile,
+                     static_cast<std::uint16_t>(rows), static_cast<std::uint16_t>(e), 0};
+    emit_row_of_tiles(ctx, v.up_type, tile, v.up_tiles);
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) {
+    MoEView const& v = *p.view;
+    std::uint32_t const tokens = v.call[0];
+    for (std::uint32_t t = p.block * kTokenBlock; t < tokens && t < (p.block + 1) * kTokenBlock;
+         ++t) {
+      for (std::uint32_t j = 0; j < v.top_k; ++j) {
+        std::int32_t const e = v.topk_ids[std::size_t{t} * v.top_k + j];
+        if (e < 0) continue;
+        std::uint32_t index;
+        std::uint32_t const row = claim(v, e, index);
+        for (std::uint32_t c = 0; c < v.hidden; ++c)
+          v.pool[std::size_t{row} * v.hidden + c] = v.x[std::size_t{t} * v.hidden + c];
+        v.row_source[row] = t * v.top_k + j;
+        arrive(v, e, index, ctx);
+      }
+    }
+  }
+
+#if defined(__CUDACC__)
+  // Thread i < pairs claims pair i's row; every warp copies rows with 16-byte accesses; then
+  // thread i arrives for pair i.
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    MoEView const& v = *p.view;
+    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const t0 = p.block * kTokenBlock;
+    if (t0 >= tokens) return;
+    std::uint32_t const n_tokens = tokens - t0 < kTokenBlock ? tokens - t0 : kTokenBlock;
+    std::uint32_t const pairs = n_tokens * v.top_k;  // <= 32 * 8 = 256
+    __shared__ std::uint32_t row_of[kTokenBlock * kMaxTopK], index_of[kTokenBlock * kMaxTopK];
+    for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+      std::int32_t const e = v.topk_ids[std::size_t{t0} * v.top_k + i];
+      row_of[i] = e < 0 ? ~0u : claim(v, e, index_of[i]);
+    }
+    __syncthreads();
+    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (std::uint32_t i = warp; i < pairs; i += blockDim.x / 32) {
+      if (row_of[i] == ~0u) continue;
+      std::uint32_t const t = t0 + i / v.top_k;
+      uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t} * v.hidden);
+      uint4* dst = reinterpret_cast<uint4*>(v.pool + std::size_t{row_of[i]} * v.hidden);
+      for (std::uint32_t c = lane; c < v.hidden / 8; c += 32) dst[c] = src[c];
+      if (lane == 0) v.row_source[row_of[i]] = t * v.top_k + i % v.top_k;
+    }
+    __syncthreads();
+    for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+      if (row_of[i] == ~0u) continue;
+      __threadfence();
+      arrive(v, v.topk_ids[std::size_t{t0} * v.top_k + i], index_of[i], ctx);
+    }
+  }
+#endif
+};
+
+// Combine: out[t] = sum over j of w[t, j] * y[j][t], in top-k order, accumulated in fp32; a
+// token with no expert gets zeros.
+struct CombineTokens {
+  static constexpr char const* name = "moe_combine";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 0;
+  using Payload = BlockPayload;
+
+  LOOM_HD static float combine(MoEView const& v, std::uint32_t t, std::uint32_t c) {
+    float acc = 0.0f;
+    for (std::uint32_t j = 0; j < v.top_k; ++j) {
+      if (v.topk_ids[std::size_t{t} * v.top_k + j] < 0) continue;
+      acc += v.topk_weights[std::size_t{t} * v.top_k + j] *
+             v.y[(std::size_t{j} * v.max_tokens + t) * v.hidden + c];
+    }
+    return acc;
+  }
+
+  static void host(Payload const& p, TaskContext&) {
+    MoEView const& v = *p.view;
+    std::uint32_t const tokens = v.call[0];
+    for (std::uint32_t t = p.block * kTokenBlock; t < tokens && t < (p.block + 1) * kTokenBlock;
+         ++t)
+      for (std::uint32_t c = 0; c < v.hidden; ++c)
+        v.out[std::size_t{t} * v.hidden + c] = __float2bfloat16(combine(v, t, c));
+  }
+
+#if defined(__CUDACC__)
+  __device__ static void device(Payload const& p, TaskContext&) {
+    MoEView const& v = *p.view;
+    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const t0 = p.block * kTokenBlock;
+    std::uint32_t const t1 = t0 + kTokenBlock < tokens ? t0 + kTokenBlock : tokens;
+    for (std::uint32_t t = t0; t < t1; ++t)
+      for (std::uint32_t c = threadIdx.x; c < v.hidden; c += blockDim.x)
+        v.out[std::size_t{t} * v.hidden + c] = __float2bfloat16(combine(v, t, c));
+  }
+#endif
+};
+
+}  // namespace loom::moe

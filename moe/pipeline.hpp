@@ -1,0 +1,25 @@
+// The MoE layer as a Loom pipeline: its task types, and the static graph every call runs (route
+// and gather tasks for every token block up to max_tokens, one plan between them; everything else
+// is emitted at run time from the routing).
+#pragma once
+
+#include "moe/expert_tasks.hpp"
+#include "moe/route_task.hpp"
+#include "runtime/graph.hpp"
+#include "runtime/pipeline.hpp"
+
+namespace loom::moe {
+
+using MoEPipeline =
+    Pipeline<RouteTokens, PlanExperts, GatherTokens, ExpertUp, ExpertDown, CombineTokens>;
+
+// The shape-derived part of a view (no pointers), and the type ids for dynamic emission.
+MoEView make_view_shape(MoEConfig const& config);
+
+// The graph over a view that lives in the executor's memory at `view`.
+Graph build_moe_graph(MoEConfig const& config, MoEView const* view);
+
+// Dynamic tasks one call may emit: every possible up and down tile and every combine.
+std::uint32_t dynamic_bound(MoEView const& shape);
+
+}  // namespace loom::moe

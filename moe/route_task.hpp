@@ -1,0 +1,193 @@
+// Route: for each token of a block, the top-k experts and their weights (fused router: x·Wgᵀ,
+// scored; or the caller's routing, checked), then the per-expert pair counts and the block's
+// pair count. A block with no routed pair emits its combine at once (its tokens' outputs are 0).
+#pragma once
+
+#include <string>
+
+#include "moe/routing.hpp"
+#include "moe/view.hpp"
+#include "runtime/context.hpp"
+
+namespace loom::moe {
+
+// Shared by route bodies: checks one token's caller-supplied routing. Returns 0 when valid, else
+// a non-zero code (1: id out of range, 2: id repeated, 3: non-finite weight) and the offender.
+LOOM_HD inline std::uint32_t check_given_routing(MoEView const& v, std::uint32_t t,
+                                                 std::int32_t& offender) {
+  std::int32_t const* ids = v.topk_ids + std::size_t{t} * v.top_k;
+  float const* w = v.topk_weights + std::size_t{t} * v.top_k;
+  for (std::uint32_t j = 0; j < v.top_k; ++j) {
+    offender = ids[j];
+    if (ids[j] < -1 || ids[j] >= static_cast<std::int32_t>(v.experts)) return 1;
+    if (ids[j] < 0) continue;
+    for (std::uint32_t i = 0; i < j; ++i)
+      if (ids[i] == ids[j]) return 2;
+    if (!(w[j] == w[j]) || w[j] > 3.0e38f || w[j] < -3.0e38f) return 3;
+  }
+  return 0;
+}
+
+
+struct RouteTokens {
+  static constexpr char const* name = "moe_route";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 4 * kMaxExperts * sizeof(float);  // logits, per warp
+  using Payload = BlockPayload;
+
+  // Turns a failed routing check (code from check_given_routing, token, offending id) into words.
+  static std::string describe_failure(std::uint32_t code, std::uint64_t token,
+                                      std::uint64_t id) {
+    std::string const t = "token " + std::to_string(token);
+    std::string const e = std::to_string(static_cast<std::int32_t>(id));
+    if (code == 1) return t + " names expert " + e + ", outside [-1, experts)";
+    if (code == 2) return t + " names expert " + e + " twice";
+    return t + " has a non-finite weight for expert " + e;
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) {
+    MoEView const& v = *p.view;
+    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const t0 = p.block * kTokenBlock;
+    if (t0 >= tokens) return;  // beyond this call's tokens: plan gives the slack back
+    std::uint32_t const t1 = t0 + kTokenBlock < tokens ? t0 + kTokenBlock : tokens;
+    float logits[kMaxExperts];
+    std::uint32_t pairs = 0;
+    for (std::uint32_t t = t0; t < t1; ++t) {
+      std::int32_t* ids = v.topk_ids + std::size_t{t} * v.top_k;
+      if (v.call[1] == 0) {
+        for (std::uint32_t e = 0; e < v.experts; ++e) {
+          float acc = 0.0f;
+          for (std::uint32_t c = 0; c < v.hidden; ++c)
+            acc += __bfloat162float(v.x[std::size_t{t} * v.hidden + c]) *
+                   __bfloat162float(v.router_w[std::size_t{e} * v.hidden + c]);
+          logits[e] = acc;
+        }
+        score_logits(logits, v.experts, v.score);
+        select_top_k(logits, v.experts, v.top_k, v.renormalize, ids,
+                     v.topk_weights + std::size_t{t} * v.top_k);
+      } else {
+        std::int32_t offender = 0;
+        if (std::uint32_t const bad = check_given_routing(v, t, offender)) {
+          ctx.fail(v.route_type, bad, t, static_cast<std::uint64_t>(offender));
+          return;
+        }
+      }
+      for (std::uint32_t j = 0; j < v.top_k; ++j) {
+        if (ids[j] < 0) continue;
+        fetch_add_acq_rel(v.counts[ids[j]], 1u);
+        ++pairs;
+      }
+    }
+    v.block_pairs[p.block] = pairs;
+    if (pairs == 0) emit_combine(v, p.block, ctx);
+  }
+
+  LOOM_HD static void emit_combine(MoEView const& v, std::uint32_t block, TaskContext& ctx) {
+    ctx.emit(encode_task(v.combine_type, BlockPayload{&v, block}));
+  }
+
+#if defined(__CUDACC__)
+  // One warp per token: lanes compute the logits (expert e on lane e % 32), lane 0 scores and
+  // picks the top k.
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    MoEView const& v = *p.view;
+    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const t0 = p.block * kTokenBlock;
+    if (t0 >= tokens) return;
+    std::uint32_t const t1 = t0 + kTokenBlock < tokens ? t0 + kTokenBlock : tokens;
+    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    float* logits = static_cast<float*>(ctx.shared_memory()) + warp * kMaxExperts;
+    __shared__ std::uint32_t pairs;
+    __shared__ bool failed;
+    if (threadIdx.x == 0) pairs = 0, failed = false;
+    __syncthreads();
+    for (std::uint32_t t = t0 + warp; t < t1; t += warps) {
+      std::int32_t* ids = v.topk_ids + std::size_t{t} * v.top_k;
+      if (v.call[1] == 0) {
+        bf16 const* xt = v.x + std::size_t{t} * v.hidden;
+        for (std::uint32_t e = lane; e < v.experts; e += 32) {
+          bf16 const* wr = v.router_w + std::size_t{e} * v.hidden;
+          float acc = 0.0f;
+          for (std::uint32_t c = 0; c < v.hidden; c += 8) {
+            uint4 const xv = *reinterpret_cast<uint4 const*>(xt + c);
+            uint4 const wv = *reinterpret_cast<uint4 const*>(wr + c);
+            bf16 const* xs = reinterpret_cast<bf16 const*>(&xv);
+            bf16 const* ws = reinterpret_cast<bf16 const*>(&wv);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc += __bfloat162float(xs[i]) * __bfloat162float(ws[i]);
+          }
+          logits[e] = acc;
+        }
+        __syncwarp();
+        if (lane == 0) {
+          score_logits(logits, v.experts, v.score);
+          select_top_k(logits, v.experts, v.top_k, v.renormalize, ids,
+                       v.topk_weights + std::size_t{t} * v.top_k);
+        }
+        __syncwarp();
+      } else if (lane == 0) {
+        std::int32_t offender = 0;
+        if (std::uint32_t const bad = check_given_routing(v, t, offender)) {
+          ctx.fail(v.route_type, bad, t, static_cast<std::uint64_t>(offender));
+          failed = true;
+        }
+      }
+      __syncwarp();
+      if (lane == 0 && !failed) {
+        std::uint32_t n = 0;
+        for (std::uint32_t j = 0; j < v.top_k; ++j) {
+          if (ids[j] < 0) continue;
+          atomicAdd(&v.counts[ids[j]], 1u);
+          ++n;
+        }
+        atomicAdd(&pairs, n);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && !failed) {
+      v.block_pairs[p.block] = pairs;
+      if (pairs == 0) emit_combine(v, p.block, ctx);
+    }
+  }
+#endif
+};
+
+// Plan: offsets and M-tiles per expert from this call's counts; lowers the counters route and
+// gather raise; gives back the part of the dynamic bound this call will not use.
+struct PlanExperts {
+  static constexpr char const* name = "moe_plan";
+  static constexpr unsigned threads = 64;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    MoEView const* view;
+  };
+
+  LOOM_HD static void plan(MoEView const& v, TaskContext& ctx) {
+    std::uint32_t rows = 0, tiles = 0;
+    for (std::uint32_t e = 0; e < v.experts; ++e) {
+      std::uint32_t const c = load_relaxed(v.counts[e]);
+      v.expert_tokens[e] = c;
+      v.offsets[e] = rows;
+      v.tile_base[e] = tiles;
+      rows += c;
+      tiles += (c + kTileRows - 1) / kTileRows;
+      v.counts[e] = 0;
+      v.fill[e] = 0;
+    }
+    v.offsets[v.experts] = rows;
+    v.tile_base[v.experts] = tiles;
+    std::uint32_t const active_blocks = (v.call[0] + kTokenBlock - 1) / kTokenBlock;
+    ctx.retire((v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles) +
+               (v.max_blocks - active_blocks));
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) { plan(*p.view, ctx); }
+#if defined(__CUDACC__)
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    if (threadIdx.x == 0) plan(*p.view, ctx);
+  }
+#endif
+};
+
+}  // namespace loom::moe

@@ -1,0 +1,88 @@
+// Everything the MoE task types read and write during one call, as plain pointers (host memory on
+// the CPU executor, device memory on the GPU) plus the shape. Tasks carry a pointer to it.
+//
+// Data flow of one call (T tokens, E experts, top-k):
+//   route   (per block of kTokenBlock tokens): top-k ids and weights, per-expert counts,
+//           per-block pair counts; a block with no routed pair emits its combine at once
+//   plan    (one task, after every route): offsets, tiles per expert; gives back unused bound
+//   gather  (per token block, after plan): copies each token row to its expert's pool rows; the
+//           last row of an M-tile to arrive emits that tile's up-projection tasks
+//   up      (per M-tile x N-tile): act(x_e · W1_e) into h; the last N-tile of an M-tile emits
+//           its down-projection tasks
+//   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32); the last arrival
+//           for a token block emits its combine
+//   combine (per token block): out[t] = sum_j w[t,j] y[j][t] in top-k order, fp32
+// Counters that a call raises are lowered again by the task that consumes them, so the next
+// call starts clean without the host touching anything.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "moe/config.hpp"
+#include "runtime/config.hpp"
+
+namespace loom::moe {
+
+using bf16 = __nv_bfloat16;
+
+inline constexpr std::uint32_t kTokenBlock = 32;  // tokens per route / gather / combine task
+inline constexpr std::uint32_t kTileRows = 64;    // rows per expert GEMM M-tile
+inline constexpr std::uint32_t kTileCols = 64;    // columns per expert GEMM N-tile (before SwiGLU)
+
+struct MoEView {
+  // Shape (fixed at construction).
+  std::uint32_t hidden, ffn, experts, top_k;
+  std::uint32_t up_cols;  // columns of W1 as packed (2*ffn for SwiGLU)
+  std::uint32_t up_tiles, down_tiles;  // N-tiles of the two GEMMs
+  std::uint32_t max_tokens, max_blocks, max_mtiles;
+  Activation activation;
+  RouterScore score;
+  bool renormalize;
+  // Task type ids in the pipeline that runs the layer (for dynamic emission).
+  std::uint16_t route_type, up_type, down_type, combine_type;
+
+  // Per call, in executor memory: tokens this call, and 1 when the caller supplied the routing.
+  std::uint32_t const* call;  // [0] tokens, [1] routing given
+
+  // Inputs and output.
+  bf16 const* x;         // [T][H]
+  bf16* out;             // [T][H]
+  bf16 const* router_w;  // [E][H]
+  bf16 const* w1;        // [E][up_cols][H], gate/up interleaved per N-tile for SwiGLU
+  bf16 const* w2;        // [E][H][ffn]
+
+  // Routing.
+  std::int32_t* topk_ids;     // [T][k], -1: no expert
+  float* topk_weights;        // [T][k]
+  std::uint32_t* counts;      // [E] pairs per expert, raised by route, lowered by plan
+  std::uint32_t* expert_tokens;  // [E] this call's counts, kept for the caller
+  std::uint32_t* offsets;     // [E + 1] first pool row of each expert
+  std::uint32_t* tile_base;   // [E + 1] first M-tile of each expert
+  std::uint32_t* fill;        // [E] rows gathered so far; lowered by plan
+  std::uint32_t* block_pairs; // [max_blocks] routed pairs per token block
+
+  // Expert pools.
+  bf16* pool;                 // [T*k][H] gathered token rows
+  std::uint32_t* row_source;  // [T*k] token * k + slot of each pool row
+  bf16* h;                    // [T*k][ffn] activations after the up-projection
+  float* y;                   // [k][T][H] expert outputs at [slot][token]
+
+  // Arrival counters, lowered by their last arriver.
+  std::uint32_t* rows_arrived;  // [max_mtiles] gathered rows per M-tile
+  std::uint32_t* up_done;       // [max_mtiles] finished up-projection N-tiles per M-tile
+  std::uint32_t* block_done;    // [max_blocks] finished (row, down N-tile) pairs per token block
+};
+
+// Payload of the per-token-block tasks (route, gather, combine).
+struct BlockPayload {
+  MoEView const* view;
+  std::uint32_t block;  // tokens [block * kTokenBlock, ...)
+};
+
+// Bounds the graph declares for dynamic emission.
+inline std::uint32_t max_mtiles(std::uint32_t max_tokens, std::uint32_t top_k,
+                                std::uint32_t experts) {
+  return (max_tokens * top_k) / kTileRows + experts;
+}
+
+}  // namespace loom::moe

@@ -1,0 +1,64 @@
+#include "moe/weights.hpp"
+
+#include <cmath>
+#include <random>
+
+#include "runtime/error.hpp"
+
+namespace loom::moe {
+
+namespace {
+std::vector<bf16> uniform(std::size_t n, float scale, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = __float2bfloat16(dist(rng));
+  return v;
+}
+}  // namespace
+
+MoEWeights random_weights(MoEConfig const& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::size_t const e = c.experts, h = c.hidden, d = c.ffn;
+  MoEWeights w;
+  w.router = uniform(e * h, 2.0f / std::sqrt(float(h)), rng);
+  w.gate = uniform(e * d * h, 1.0f / std::sqrt(float(h)), rng);
+  if (c.activation == Activation::swiglu) w.up = uniform(e * d * h, 1.0f / std::sqrt(float(h)), rng);
+  w.down = uniform(e * h * d, 1.0f / std::sqrt(float(d)), rng);
+  return w;
+}
+
+std::vector<bf16> random_tokens(MoEConfig const& c, std::uint32_t tokens, std::uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0x5851F42D4C957F2Dull);
+  return uniform(std::size_t{tokens} * c.hidden, 1.0f, rng);
+}
+
+void check_shapes(MoEConfig const& c, MoEWeights const& w) {
+  std::size_t const e = c.experts, h = c.hidden, d = c.ffn;
+  auto check = [](char const* name, std::size_t have, std::size_t want) {
+    if (have != want)
+      throw Error(std::string("loom: MoE weight '") + name + "' has " + std::to_string(have) +
+                  " elements, the config needs " + std::to_string(want));
+  };
+  check("router", w.router.size(), e * h);
+  check("gate", w.gate.size(), e * d * h);
+  check("up", w.up.size(), c.activation == Activation::swiglu ? e * d * h : 0);
+  check("down", w.down.size(), e * h * d);
+}
+
+std::vector<bf16> pack_up_projection(MoEConfig const& c, MoEWeights const& w) {
+  check_shapes(c, w);
+  std::size_t const h = c.hidden, d = c.ffn;
+  if (c.activation != Activation::swiglu) return w.gate;
+  std::vector<bf16> packed(std::size_t{c.experts} * 2 * d * h);
+  for (std::size_t e = 0; e < c.experts; ++e)
+    for (std::size_t col = 0; col < 2 * d; ++col) {
+      std::size_t const tile = col / kTileCols, within = col % kTileCols;
+      bool const is_up = within >= kTileCols / 2;
+      std::size_t const src_row = tile * (kTileCols / 2) + within % (kTileCols / 2);
+      bf16 const* src = (is_up ? w.up : w.gate).data() + (e * d + src_row) * h;
+      std::copy(src, src + h, packed.begin() + (e * 2 * d + col) * h);
+    }
+  return packed;
+}
+
+}  // namespace loom::moe

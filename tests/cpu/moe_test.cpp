@@ -1,0 +1,206 @@
+// The MoE layer on the CPU executor against the float64 reference: fused router and caller
+// routing, every activation, skewed routings; bad input rejected; determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "moe/cpu_layer.hpp"
+#include "moe/reference.hpp"
+
+namespace {
+
+using namespace loom::moe;
+
+MoEConfig small_config(Activation act, std::uint32_t experts, std::uint32_t top_k) {
+  MoEConfig c;
+  c.hidden = 128;
+  c.ffn = 128;
+  c.experts = experts;
+  c.top_k = top_k;
+  c.activation = act;
+  c.max_tokens = 100;
+  return c;
+}
+
+std::vector<bf16> poisoned(std::size_t n) {
+  return std::vector<bf16>(n, __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
+}
+
+std::uint64_t fresh_seed() { return std::random_device{}(); }
+
+struct Case {
+  Activation act;
+  RouterScore score;
+  std::uint32_t experts, top_k, tokens;
+};
+
+class CpuMoE : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuMoE, FusedRouterMatchesFloat64Reference) {
+  Case const k = GetParam();
+  MoEConfig c = small_config(k.act, k.experts, k.top_k);
+  c.router = k.score;
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  auto const x = random_tokens(c, k.tokens, seed);
+  CpuMoELayer layer(c, w);
+  for (int call = 0; call < 2; ++call) {
+    auto out = poisoned(std::size_t{k.tokens} * c.hidden);
+    layer.forward(x.data(), k.tokens, out.data());
+    auto const ids = layer.topk_ids();
+    auto const wts = layer.topk_weights();
+    auto const scores = reference_scores(c, w, x.data(), k.tokens);
+    EXPECT_EQ(check_routing(c, scores, k.tokens, ids.data(), wts.data(), 1e-3), "");
+    auto const ref = reference_moe(c, w, x.data(), k.tokens, ids.data(), wts.data());
+    EXPECT_LT(relative_error(out, ref), 1e-2) << "call " << call;
+    std::uint32_t routed = 0;
+    for (auto n : layer.expert_tokens()) routed += n;
+    EXPECT_EQ(routed, k.tokens * c.top_k);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, CpuMoE,
+    ::testing::Values(Case{Activation::swiglu, RouterScore::softmax, 8, 2, 100},
+                      Case{Activation::gelu, RouterScore::sigmoid, 4, 1, 37},
+                      Case{Activation::relu, RouterScore::softmax, 6, 6, 64},  // top-k = experts
+                      Case{Activation::swiglu, RouterScore::sigmoid, 16, 4, 1}));
+
+// Caller routing: all tokens to one expert, empty experts, -1 entries.
+TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
+  MoEConfig const c = small_config(Activation::swiglu, 8, 2);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  std::uint32_t const tokens = 97;
+  auto const x = random_tokens(c, tokens, seed);
+  CpuMoELayer layer(c, w);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (int pattern = 0; pattern < 3; ++pattern) {
+    std::vector<std::int32_t> ids(tokens * 2);
+    std::vector<float> wts(tokens * 2);
+    for (std::uint32_t t = 0; t < tokens; ++t) {
+      if (pattern == 0) ids[2 * t] = 3, ids[2 * t + 1] = -1;          // one hot expert
+      if (pattern == 1) ids[2 * t] = 5, ids[2 * t + 1] = 6;           // two experts, six empty
+      if (pattern == 2) ids[2 * t] = t % 3 == 0 ? -1 : int(t % 8),    // gaps and -1
+                        ids[2 * t + 1] = t % 5 == 0 ? -1 : int((t + 3) % 8);
+      wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
+    }
+    auto out = poisoned(std::size_t{tokens} * c.hidden);
+    layer.forward(x.data(), tokens, ids.data(), wts.data(), out.data());
+    auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+    EXPECT_LT(relative_error(out, ref), 1e-2) << "pattern " << pattern;
+    if (pattern == 0) {
+      auto const counts = layer.expert_tokens();
+      EXPECT_EQ(counts[3], tokens);
+      EXPECT_EQ(counts[0], 0u);
+    }
+  }
+}
+
+TEST(CpuMoE, TokensWithNoExpertGetZeros) {
+  MoEConfig const c = small_config(Activation::relu, 4, 2);
+  MoEWeights const w = random_weights(c, 7);
+  auto const x = random_tokens(c, 40, 7);
+  std::vector<std::int32_t> ids(80, -1);
+  std::vector<float> wts(80, 1.0f);
+  CpuMoELayer layer(c, w);
+  auto out = poisoned(40 * c.hidden);
+  layer.forward(x.data(), 40, ids.data(), wts.data(), out.data());
+  for (auto v : out) ASSERT_EQ(__bfloat162float(v), 0.0f);
+}
+
+TEST(CpuMoE, InvalidCallerRoutingIsRejectedWithItsReason) {
+  MoEConfig const c = small_config(Activation::swiglu, 8, 2);
+  CpuMoELayer layer(c, random_weights(c, 1));
+  auto const x = random_tokens(c, 4, 1);
+  auto out = poisoned(4 * c.hidden);
+  std::vector<float> wts(8, 0.5f);
+  auto message = [&](std::vector<std::int32_t> ids, std::vector<float> w) {
+    try {
+      layer.forward(x.data(), 4, ids.data(), w.data(), out.data());
+    } catch (loom::Error const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({0, 1, 2, 8, 0, 1, 2, 3}, wts).find("token 1 names expert 8, outside"),
+            std::string::npos);
+  EXPECT_NE(message({0, 1, 2, 2, 0, 1, 2, 3}, wts).find("token 1 names expert 2 twice"),
+            std::string::npos);
+  std::vector<float> bad = wts;
+  bad[5] = std::numeric_limits<float>::infinity();
+  EXPECT_NE(message({0, 1, 2, 3, 4, 5, 6, 7}, bad).find("token 2 has a non-finite weight"),
+            std::string::npos);
+  // The layer still works afterwards.
+  std::vector<std::int32_t> good = {0, 1, 2, 3, 4, 5, 6, 7};
+  layer.forward(x.data(), 4, good.data(), wts.data(), out.data());
+}
+
+TEST(CpuMoE, TooManyTokensIsRejected) {
+  MoEConfig const c = small_config(Activation::gelu, 4, 1);
+  CpuMoELayer layer(c, random_weights(c, 1));
+  auto const x = random_tokens(c, 101, 1);
+  auto out = poisoned(101 * c.hidden);
+  EXPECT_THROW(layer.forward(x.data(), 101, out.data()), loom::Error);
+}
+
+TEST(CpuMoE, NaNInATokenStaysInItsOwnRow) {
+  MoEConfig const c = small_config(Activation::swiglu, 8, 2);
+  MoEWeights const w = random_weights(c, 3);
+  std::uint32_t const tokens = 50;
+  auto x = random_tokens(c, tokens, 3);
+  x[17 * c.hidden + 5] = __float2bfloat16(std::numeric_limits<float>::quiet_NaN());
+  CpuMoELayer layer(c, w);
+  auto out = poisoned(tokens * c.hidden);
+  layer.forward(x.data(), tokens, out.data());
+  for (std::uint32_t t = 0; t < tokens; ++t)
+    for (std::uint32_t i = 0; i < c.hidden; ++i)
+      if (t != 17) {
+        ASSERT_TRUE(std::isfinite(__bfloat162float(out[t * c.hidden + i]))) << t;
+      }
+}
+
+TEST(CpuMoE, SameInputsGiveBitwiseSameOutput) {
+  MoEConfig const c = small_config(Activation::swiglu, 8, 2);
+  MoEWeights const w = random_weights(c, 11);
+  auto const x = random_tokens(c, 100, 11);
+  loom::CpuOptions chaos;
+  chaos.chaos_seed = 99;
+  CpuMoELayer calm(c, w), stirred(c, w, chaos);
+  auto a = poisoned(100 * c.hidden), b = poisoned(100 * c.hidden);
+  calm.forward(x.data(), 100, a.data());
+  for (int i = 0; i < 3; ++i) {
+    stirred.forward(x.data(), 100, b.data());
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16))) << "call " << i;
+  }
+}
+
+TEST(MoEConfig, ViolationsNameTheConstraint) {
+  auto message = [](MoEConfig c) {
+    try {
+      validate(c);
+    } catch (loom::Error const& e) {
+      return std::string(e.what());
+    }
+    return std::string("valid");
+  };
+  MoEConfig c;
+  c.top_k = 9;
+  EXPECT_NE(message(c).find("top_k=9"), std::string::npos);
+  c = MoEConfig{};
+  c.hidden = 100;
+  EXPECT_NE(message(c).find("hidden=100 must be a positive multiple of 64"), std::string::npos);
+  c = MoEConfig{};
+  c.experts = 2;
+  c.top_k = 3;
+  EXPECT_NE(message(c).find("exceeds experts=2"), std::string::npos);
+  EXPECT_EQ(message(MoEConfig{}), "valid");
+}
+
+}  // namespace
