@@ -1,0 +1,56 @@
+// The MoE layer on one GPU: one persistent-kernel launch per call. Inputs, outputs and weights in
+// device memory. forward() is asynchronous and capturable in a CUDA graph: the per-call words
+// (token count, pointers, whether routing was given) are set by a one-thread kernel on the same
+// stream, so nothing is read on the host inside a call.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "moe/pipeline.hpp"
+#include "moe/weights.hpp"
+#include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/gpu_executor.cuh"
+
+namespace loom::moe {
+
+class GpuMoELayer {
+ public:
+  GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, GpuOptions options = {});
+
+  MoEConfig const& config() const { return config_; }
+
+  // x [tokens][H] -> out [tokens][H], device pointers, fused router.
+  void forward(bf16 const* x, std::uint32_t tokens, bf16* out, cudaStream_t stream = nullptr);
+  // With the caller's routing (device pointers, [tokens][k]): ids -1 = no expert. Ids out of range
+  // or repeated in a row and non-finite weights end the call with loom::Error at check().
+  void forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
+               float const* weights, bf16* out, cudaStream_t stream = nullptr);
+
+  // Waits for the stream; raises the call's error, if any (the layer is then ready again).
+  void check(cudaStream_t stream = nullptr);
+
+  // Of the last call (synchronises): tokens per expert, and the routing used.
+  std::vector<std::uint32_t> expert_tokens() const;
+  std::vector<std::int32_t> topk_ids() const;
+  std::vector<float> topk_weights() const;
+
+  GpuExecutor<MoEPipeline>& executor() { return *executor_; }
+
+ private:
+  void launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* out, cudaStream_t stream);
+  void lower_counters();
+
+  MoEConfig config_;
+  MoEView shape_;
+  DeviceBuffer<bf16> router_, w1_, w2_, pool_, h_;
+  DeviceBuffer<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
+      block_pairs_, row_source_, rows_arrived_, up_done_, block_done_;
+  DeviceBuffer<std::int32_t> ids_;
+  DeviceBuffer<float> weights_, y_;
+  DeviceBuffer<MoEView> view_;
+  std::unique_ptr<GpuExecutor<MoEPipeline>> executor_;
+  std::uint32_t last_tokens_ = 0;
+};
+
+}  // namespace loom::moe

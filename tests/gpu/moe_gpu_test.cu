@@ -1,0 +1,194 @@
+// The MoE layer in one persistent launch per call on the GPU, against the float64 reference:
+// fused router and caller routing, every activation, skewed routings, bad routing, determinism,
+// and agreement with the CPU executor's routing decisions.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "moe/gpu_layer.cuh"
+#include "moe/reference.hpp"
+#include "tests/gpu/gpu_test_util.cuh"
+
+namespace {
+
+using namespace loom::moe;
+
+MoEConfig config(Activation act, RouterScore score, std::uint32_t hidden, std::uint32_t ffn,
+                 std::uint32_t experts, std::uint32_t top_k, std::uint32_t max_tokens) {
+  MoEConfig c;
+  c.hidden = hidden, c.ffn = ffn, c.experts = experts, c.top_k = top_k;
+  c.activation = act, c.router = score, c.max_tokens = max_tokens;
+  return c;
+}
+
+struct Case {
+  MoEConfig config;
+  std::uint32_t tokens;
+};
+
+class GpuMoE : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuMoE, FusedRouterMatchesFloat64Reference) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = GetParam().config;
+  std::uint32_t const tokens = GetParam().tokens;
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  auto const x = random_tokens(c, tokens, seed);
+  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+  GpuMoELayer layer(c, w);
+  std::vector<bf16> first;
+  for (int call = 0; call < 3; ++call) {
+    dout.fill_bytes(0xFF);  // NaN
+    layer.forward(dx.get(), tokens, dout.get());
+    layer.check();
+    auto const out = dout.download();
+    auto const ids = layer.topk_ids();
+    auto const wts = layer.topk_weights();
+    auto const scores = reference_scores(c, w, x.data(), tokens);
+    ASSERT_EQ(check_routing(c, scores, tokens, ids.data(), wts.data(), 1e-3), "");
+    auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+    EXPECT_LT(relative_error(out, ref), 1e-2) << "call " << call;
+    std::uint32_t routed = 0;
+    for (auto n : layer.expert_tokens()) routed += n;
+    EXPECT_EQ(routed, tokens * c.top_k);
+    if (call == 0) first = out;
+    else EXPECT_EQ(0, std::memcmp(first.data(), out.data(), out.size() * sizeof(bf16)))
+        << "call " << call << " is not bitwise identical to the first";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, GpuMoE,
+    ::testing::Values(
+        Case{config(Activation::swiglu, RouterScore::softmax, 256, 256, 16, 2, 512), 512},
+        Case{config(Activation::gelu, RouterScore::sigmoid, 128, 192, 8, 1, 300), 257},
+        Case{config(Activation::relu, RouterScore::softmax, 192, 128, 6, 6, 100), 77},
+        Case{config(Activation::swiglu, RouterScore::sigmoid, 512, 256, 64, 8, 256), 200},
+        Case{config(Activation::swiglu, RouterScore::softmax, 128, 128, 4, 2, 64), 1}));
+
+TEST(GpuMoE, SkewedCallerRoutingMatchesReference) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 8, 2, 400);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  std::uint32_t const tokens = 333;
+  auto const x = random_tokens(c, tokens, seed);
+  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+  GpuMoELayer layer(c, w);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (int pattern = 0; pattern < 4; ++pattern) {
+    std::vector<std::int32_t> ids(tokens * 2);
+    std::vector<float> wts(tokens * 2);
+    for (std::uint32_t t = 0; t < tokens; ++t) {
+      if (pattern == 0) ids[2 * t] = 3, ids[2 * t + 1] = -1;         // one hot expert
+      if (pattern == 1) ids[2 * t] = 5, ids[2 * t + 1] = 6;          // six experts empty
+      if (pattern == 2) ids[2 * t] = t % 3 == 0 ? -1 : int(t % 8),   // gaps and -1
+                        ids[2 * t + 1] = t % 5 == 0 ? -1 : int((t + 3) % 8);
+      if (pattern == 3) ids[2 * t] = -1, ids[2 * t + 1] = -1;        // nothing routed
+      wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
+    }
+    loom::DeviceBuffer<std::int32_t> dids(ids);
+    loom::DeviceBuffer<float> dw(wts);
+    dout.fill_bytes(0xFF);
+    layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
+    layer.check();
+    auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+    auto const out = dout.download();
+    if (pattern == 3) {
+      for (auto v : out) ASSERT_EQ(__bfloat162float(v), 0.0f);
+    } else {
+      EXPECT_LT(relative_error(out, ref), 1e-2) << "pattern " << pattern;
+    }
+  }
+}
+
+TEST(GpuMoE, InvalidCallerRoutingEndsTheCallWithItsReason) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 64);
+  GpuMoELayer layer(c, random_weights(c, 5));
+  auto const x = random_tokens(c, 4, 5);
+  loom::DeviceBuffer<bf16> dx(x), dout(4 * c.hidden);
+  auto message = [&](std::vector<std::int32_t> ids, std::vector<float> wts) {
+    loom::DeviceBuffer<std::int32_t> dids(ids);
+    loom::DeviceBuffer<float> dw(wts);
+    try {
+      layer.forward(dx.get(), 4, dids.get(), dw.get(), dout.get());
+      layer.check();
+    } catch (loom::Error const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::vector<float> const w8(8, 0.5f);
+  EXPECT_NE(message({0, 1, 2, 8, 0, 1, 2, 3}, w8).find("token 1 names expert 8, outside"),
+            std::string::npos);
+  EXPECT_NE(message({0, 1, 2, 2, 0, 1, 2, 3}, w8).find("token 1 names expert 2 twice"),
+            std::string::npos);
+  std::vector<float> bad = w8;
+  bad[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(message({0, 1, 2, 3, 4, 5, 6, 7}, bad).find("token 2 has a non-finite weight"),
+            std::string::npos);
+  // The layer is usable again and correct.
+  std::vector<std::int32_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> wts(8, 0.5f);
+  loom::DeviceBuffer<std::int32_t> dids(ids);
+  loom::DeviceBuffer<float> dw(wts);
+  layer.forward(dx.get(), 4, dids.get(), dw.get(), dout.get());
+  layer.check();
+  MoEWeights const w = random_weights(c, 5);
+  auto const ref = reference_moe(c, w, x.data(), 4, ids.data(), wts.data());
+  EXPECT_LT(relative_error(dout.download(), ref), 1e-2);
+}
+
+TEST(GpuMoE, NaNInATokenStaysInItsOwnRow) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 128);
+  auto x = random_tokens(c, 100, 9);
+  x[42 * c.hidden + 7] = __float2bfloat16(std::numeric_limits<float>::quiet_NaN());
+  GpuMoELayer layer(c, random_weights(c, 9));
+  loom::DeviceBuffer<bf16> dx(x), dout(100 * c.hidden);
+  dout.fill_bytes(0xFF);
+  layer.forward(dx.get(), 100, dout.get());
+  layer.check();
+  auto const out = dout.download();
+  for (std::uint32_t t = 0; t < 100; ++t) {
+    if (t == 42) continue;
+    for (std::uint32_t i = 0; i < c.hidden; ++i)
+      ASSERT_TRUE(std::isfinite(__bfloat162float(out[t * c.hidden + i]))) << "token " << t;
+  }
+}
+
+TEST(GpuMoE, CallsReplayFromACudaGraph) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 256, 16, 2, 256);
+  MoEWeights const w = random_weights(c, 21);
+  auto const x = random_tokens(c, 200, 21);
+  loom::DeviceBuffer<bf16> dx(x), dout(200 * c.hidden);
+  GpuMoELayer layer(c, w);
+  cudaStream_t stream;
+  LOOM_CUDA(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  LOOM_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  layer.forward(dx.get(), 200, dout.get(), stream);
+  LOOM_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  LOOM_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 20; ++i) {
+    dout.fill_bytes(0xFF);
+    LOOM_CUDA(cudaGraphLaunch(exec, stream));
+    layer.check(stream);
+  }
+  auto const ref = reference_moe(c, w, x.data(), 200, layer.topk_ids().data(),
+                                 layer.topk_weights().data());
+  EXPECT_LT(relative_error(dout.download(), ref), 1e-2);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
