@@ -29,6 +29,8 @@ class CpuMoELayer {
   std::vector<std::int32_t> topk_ids() const;
   std::vector<float> topk_weights() const;
 
+  CpuExecutor<MoEPipeline>& executor() { return *executor_; }
+
  private:
   void run(bf16 const* x, std::uint32_t tokens, bf16* out);
 

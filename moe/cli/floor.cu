@@ -1,0 +1,76 @@
+#include "moe/cli/floor.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "runtime/cuda/device_buffer.hpp"
+
+namespace loom::moe {
+
+namespace {
+
+void check_cublas(cublasStatus_t s, char const* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("loom: cuBLAS failed in ") + what + " (status " + std::to_string(s) +
+                ")");
+}
+
+template <class Fn>
+double median_seconds(int reps, Fn&& fn) {
+  cudaEvent_t a, b;
+  LOOM_CUDA(cudaEventCreate(&a));
+  LOOM_CUDA(cudaEventCreate(&b));
+  fn();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    LOOM_CUDA(cudaEventRecord(a));
+    fn();
+    LOOM_CUDA(cudaEventRecord(b));
+    LOOM_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    LOOM_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+  // Bandwidth: 1 GiB copied device to device; counts bytes read plus written.
+  std::size_t const bytes = std::size_t{1} << 30;
+  DeviceBuffer<unsigned char> src(bytes), dst(bytes);
+  src.fill_bytes(1);
+  double const copy_s = median_seconds(10, [&] {
+    LOOM_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice));
+  });
+  c.memory_bytes_per_s = 2.0 * bytes / copy_s;
+
+  // Tensor throughput: an 8192^3 bf16 product with fp32 accumulation, on random-ish data.
+  int const n = 8192;
+  std::vector<__nv_bfloat16> host(std::size_t{n} * n);
+  for (std::size_t i = 0; i < host.size(); ++i)
+    host[i] = __float2bfloat16(static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f);
+  DeviceBuffer<__nv_bfloat16> a(host), b(host), out(std::size_t{n} * n);
+  cublasHandle_t handle;
+  check_cublas(cublasCreate(&handle), "cublasCreate");
+  float const one = 1.0f, zero = 0.0f;
+  double const gemm_s = median_seconds(10, [&] {
+    check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a.get(),
+                              CUDA_R_16BF, n, b.get(), CUDA_R_16BF, n, &zero, out.get(),
+                              CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  });
+  cublasDestroy(handle);
+  c.tensor_flops_per_s = 2.0 * n * n * double(n) / gemm_s;
+  return c;
+}
+
+}  // namespace loom::moe

@@ -1,0 +1,271 @@
+// loom-moe: runs the fused MoE layer on the GPU (one persistent launch per call) or on the CPU
+// executor, checks it against the float64 reference, and reports latency, throughput and the
+// distance to the floor.
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+
+#include "moe/cli/floor.hpp"
+#include "moe/cpu_layer.hpp"
+#include "moe/gpu_layer.cuh"
+#include "moe/reference.hpp"
+#include "runtime/trace.hpp"
+
+namespace {
+
+using namespace loom::moe;
+namespace po = boost::program_options;
+
+struct Run {
+  std::vector<bf16> out;
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+  std::vector<std::uint32_t> expert_tokens;
+  std::vector<double> call_ms;
+  std::vector<loom::TraceRecord> trace;
+  std::string device;
+};
+
+// A progress bar on stderr for runs that take more than a couple of seconds.
+class Progress {
+ public:
+  Progress(unsigned total, double first_call_ms)
+      : total_(total), show_(total * first_call_ms > 2000.0) {}
+  void step(unsigned done) const {
+    if (!show_) return;
+    unsigned const width = 40, filled = width * done / total_;
+    std::fprintf(stderr, "\r[%s%s] %u/%u calls", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), done, total_);
+    if (done == total_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  unsigned total_;
+  bool show_;
+};
+
+Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
+            std::uint32_t tokens, unsigned iters, bool trace) {
+  loom::CpuOptions options;
+  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c)) : 0;
+  CpuMoELayer layer(c, w, options);
+  Run r;
+  r.device = "CPU executor (" + std::to_string(options.processors) + " processor threads)";
+  r.out.resize(std::size_t{tokens} * c.hidden);
+  for (unsigned i = 0; i < iters; ++i) {
+    layer.executor().take_trace(0);
+    auto const t0 = std::chrono::steady_clock::now();
+    layer.forward(x.data(), tokens, r.out.data());
+    r.call_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    Progress(iters, r.call_ms[0]).step(i + 1);
+  }
+  r.trace = layer.executor().take_trace(0);
+  r.ids = layer.topk_ids();
+  r.weights = layer.topk_weights();
+  r.expert_tokens = layer.expert_tokens();
+  return r;
+}
+
+Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
+             std::uint32_t tokens, unsigned iters, bool trace) {
+  loom::GpuOptions options;
+  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c)) : 0;
+  GpuMoELayer layer(c, w, options);
+  cudaDeviceProp prop{};
+  int dev = 0;
+  LOOM_CUDA(cudaGetDevice(&dev));
+  LOOM_CUDA(cudaGetDeviceProperties(&prop, dev));
+  Run r;
+  r.device = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) +
+             " SMs, " + std::to_string(layer.executor().processors()) + " processors)";
+  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+  cudaEvent_t a, b;
+  LOOM_CUDA(cudaEventCreate(&a));
+  LOOM_CUDA(cudaEventCreate(&b));
+  layer.forward(dx.get(), tokens, dout.get());  // warm-up
+  layer.check();
+  for (unsigned i = 0; i < iters; ++i) {
+    dout.fill_bytes(0xFF);
+    layer.executor().take_trace();
+    LOOM_CUDA(cudaEventRecord(a));
+    layer.forward(dx.get(), tokens, dout.get());
+    LOOM_CUDA(cudaEventRecord(b));
+    layer.check();
+    float ms = 0;
+    LOOM_CUDA(cudaEventElapsedTime(&ms, a, b));
+    r.call_ms.push_back(ms);
+    Progress(iters, r.call_ms[0]).step(i + 1);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  r.trace = layer.executor().take_trace();
+  r.out = dout.download();
+  r.ids = layer.topk_ids();
+  r.weights = layer.topk_weights();
+  r.expert_tokens = layer.expert_tokens();
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MoEConfig c;
+  std::uint32_t tokens = 0;
+  std::string act = "swiglu", router = "softmax", backend = "auto", trace_path, json_path;
+  std::uint64_t seed = 1;
+  unsigned iters = 0, check_tokens = 256;
+  bool check = false, no_renorm = false;
+  po::options_description desc(
+      "loom-moe: the fused Mixture-of-Experts layer (router -> experts -> combine) in one\n"
+      "persistent launch per call. Weights and tokens are random (--seed).\n\n"
+      "Examples:\n"
+      "  loom-moe --check                             defaults for the backend found\n"
+      "  loom-moe --tokens 4096 --hidden 2048 --ffn 2048 --experts 64 --topk 2 --iters 20\n"
+      "  loom-moe --backend cpu --tokens 128 --check --trace moe.json   (open in Perfetto)\n\n"
+      "Options");
+  // clang-format off
+  desc.add_options()
+      ("help,h", "this message")
+      ("tokens", po::value(&tokens), "tokens per call (default: 4096 on a GPU, 256 on the CPU)")
+      ("hidden", po::value(&c.hidden), "token width H, a multiple of 64 (default 2048 GPU, 512 CPU)")
+      ("ffn", po::value(&c.ffn), "expert width D, a multiple of 64 (default 2048 GPU, 512 CPU)")
+      ("experts", po::value(&c.experts), "experts E (default 64 GPU, 16 CPU)")
+      ("topk", po::value(&c.top_k)->default_value(2), "experts per token, at most 8")
+      ("act", po::value(&act)->default_value(act), "swiglu, gelu or relu")
+      ("router", po::value(&router)->default_value(router), "softmax or sigmoid")
+      ("no-renormalize", po::bool_switch(&no_renorm), "keep the top-k weights as scored")
+      ("seed", po::value(&seed)->default_value(seed), "seed of the random weights and tokens")
+      ("iters", po::value(&iters), "timed calls (default 20 GPU, 3 CPU)")
+      ("backend", po::value(&backend)->default_value(backend), "cpu, cuda or auto")
+      ("check", po::bool_switch(&check), "compare with the float64 reference")
+      ("check-tokens", po::value(&check_tokens)->default_value(check_tokens),
+       "tokens the reference recomputes (sampled evenly)")
+      ("trace", po::value(&trace_path), "write the last call's tasks as Chrome-trace JSON")
+      ("json", po::value(&json_path), "write the results as JSON");
+  // clang-format on
+  try {
+    po::variables_map vm;
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    if (vm.count("help")) {
+      std::cout << desc << "\n";
+      return 0;
+    }
+    po::notify(vm);
+    if (backend != "cpu" && backend != "cuda" && backend != "auto")
+      throw loom::Error("loom: --backend must be cpu, cuda or auto, not '" + backend + "'");
+    bool const gpu = backend == "cuda" || (backend == "auto" && loom::cuda_device_count() > 0);
+    if (gpu && loom::cuda_device_count() == 0)
+      throw loom::Error("loom: --backend cuda, but no CUDA device is present");
+    backend = gpu ? "cuda" : "cpu";
+    if (!vm.count("tokens")) tokens = gpu ? 4096 : 256;
+    if (!vm.count("hidden")) c.hidden = gpu ? 2048 : 512;
+    if (!vm.count("ffn")) c.ffn = gpu ? 2048 : 512;
+    if (!vm.count("experts")) c.experts = gpu ? 64 : 16;
+    if (!vm.count("iters")) iters = gpu ? 20 : 3;
+    if (iters == 0) throw loom::Error("loom: --iters must be at least 1");
+    if (tokens == 0) throw loom::Error("loom: --tokens must be at least 1");
+    c.activation = parse_activation(act);
+    c.router = parse_router_score(router);
+    c.renormalize = !no_renorm;
+    c.max_tokens = tokens;
+    validate(c);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "loom-moe: %s\n\nSee loom-moe --help.\n", e.what());
+    return 2;
+  }
+
+  try {
+    std::printf("loom-moe: T=%u H=%u D=%u E=%u top-%u %s %s%s, backend %s\n", tokens, c.hidden,
+                c.ffn, c.experts, c.top_k, to_string(c.activation), to_string(c.router),
+                c.renormalize ? " renormalised" : "", backend.c_str());
+    MoEWeights const w = random_weights(c, seed);
+    auto const x = random_tokens(c, tokens, seed);
+    bool const trace = !trace_path.empty();
+    Run const r = backend == "cuda" ? run_cuda(c, w, x, tokens, iters, trace)
+                                    : run_cpu(c, w, x, tokens, iters, trace);
+
+    std::uint64_t routed = 0, experts_hit = 0;
+    for (auto n : r.expert_tokens) routed += n, experts_hit += n > 0;
+    double const ms = median(r.call_ms);
+    double const flops =
+        c.expert_flops(routed) + 2.0 * tokens * double(c.hidden) * c.experts;  // + router
+    double const weight_bytes =
+        2.0 * experts_hit * (double(c.up_columns()) * c.hidden + double(c.hidden) * c.ffn) +
+        2.0 * c.experts * c.hidden;
+    std::printf("device: %s\n", r.device.c_str());
+    std::printf("latency: median %.3f ms over %u calls; %.1f tokens/s; %.2f TFLOP/s\n", ms, iters,
+                tokens / (ms * 1e-3), flops / (ms * 1e-3) / 1e12);
+
+    double floor_ms = 0;
+    if (backend == "cuda") {
+      Ceilings const ceil = measure_ceilings();
+      floor_ms = 1e3 * std::max(flops / ceil.tensor_flops_per_s,
+                                weight_bytes / ceil.memory_bytes_per_s);
+      std::printf(
+          "floor: %.3f ms = max(%.1f GFLOP / %.0f TFLOP/s cuBLAS bf16, %.1f MB expert weights "
+          "hit / %.0f GB/s copy); latency / floor = %.2f\n",
+          floor_ms, flops / 1e9, ceil.tensor_flops_per_s / 1e12, weight_bytes / 1e6,
+          ceil.memory_bytes_per_s / 1e9, ms / floor_ms);
+    }
+
+    int status = 0;
+    double error = -1;
+    if (check) {
+      std::uint32_t const n = std::min(check_tokens, tokens);
+      std::vector<std::uint32_t> sample(n);
+      for (std::uint32_t i = 0; i < n; ++i) sample[i] = static_cast<std::uint32_t>(
+                                               std::uint64_t{i} * tokens / n);
+      std::vector<bf16> xs, outs;
+      std::vector<std::int32_t> ids;
+      std::vector<float> wts;
+      for (auto t : sample) {
+        xs.insert(xs.end(), x.begin() + std::size_t{t} * c.hidden,
+                  x.begin() + std::size_t{t + 1} * c.hidden);
+        outs.insert(outs.end(), r.out.begin() + std::size_t{t} * c.hidden,
+                    r.out.begin() + std::size_t{t + 1} * c.hidden);
+        ids.insert(ids.end(), r.ids.begin() + std::size_t{t} * c.top_k,
+                   r.ids.begin() + std::size_t{t + 1} * c.top_k);
+        wts.insert(wts.end(), r.weights.begin() + std::size_t{t} * c.top_k,
+                   r.weights.begin() + std::size_t{t + 1} * c.top_k);
+      }
+      auto const scores = reference_scores(c, w, xs.data(), n);
+      std::string const routing = check_routing(c, scores, n, ids.data(), wts.data(), 1e-3);
+      auto const ref = reference_moe(c, w, xs.data(), n, ids.data(), wts.data());
+      error = relative_error(outs, ref);
+      bool const ok = routing.empty() && error < 1e-2;
+      std::printf("check: %u tokens against float64: routing %s, relative error %.3e (%s)\n", n,
+                  routing.empty() ? "ok" : routing.c_str(), error, ok ? "ok" : "FAILED");
+      status = ok ? 0 : 1;
+    }
+    if (trace) {
+      loom::write_chrome_trace(trace_path, r.trace, MoEPipeline::names, MoEPipeline::size);
+      std::printf("trace: %zu tasks written to %s\n", r.trace.size(), trace_path.c_str());
+    }
+    if (!json_path.empty()) {
+      std::ofstream j(json_path);
+      j << "{\"backend\":\"" << backend << "\",\"device\":\"" << r.device << "\",\"tokens\":"
+        << tokens << ",\"hidden\":" << c.hidden << ",\"ffn\":" << c.ffn << ",\"experts\":"
+        << c.experts << ",\"top_k\":" << c.top_k << ",\"activation\":\"" << to_string(c.activation)
+        << "\",\"median_ms\":" << ms << ",\"tokens_per_s\":" << tokens / (ms * 1e-3)
+        << ",\"tflops\":" << flops / (ms * 1e-3) / 1e12 << ",\"floor_ms\":" << floor_ms
+        << ",\"relative_error\":" << error << "}\n";
+      if (!j) throw loom::Error("loom: cannot write " + json_path);
+    }
+    return status;
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "loom-moe: %s\n", e.what());
+    return 2;
+  }
+}
