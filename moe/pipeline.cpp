@@ -18,7 +18,6 @@ MoEView make_view_shape(MoEConfig const& c) {
   v.activation = c.activation;
   v.score = c.router;
   v.renormalize = c.renormalize;
-  v.route_type = MoEPipeline::id<RouteTokens>;
   v.up_type = MoEPipeline::id<ExpertUp>;
   v.down_type = MoEPipeline::id<ExpertDown>;
   v.combine_type = MoEPipeline::id<CombineTokens>;

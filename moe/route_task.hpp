@@ -69,7 +69,7 @@ struct RouteTokens {
       } else {
         std::int32_t offender = 0;
         if (std::uint32_t const bad = check_given_routing(v, t, offender)) {
-          ctx.fail(v.route_type, bad, t, static_cast<std::uint64_t>(offender));
+          ctx.fail(bad, t, static_cast<std::uint64_t>(offender));
           return;
         }
       }
@@ -129,7 +129,7 @@ struct RouteTokens {
       } else if (lane == 0) {
         std::int32_t offender = 0;
         if (std::uint32_t const bad = check_given_routing(v, t, offender)) {
-          ctx.fail(v.route_type, bad, t, static_cast<std::uint64_t>(offender));
+          ctx.fail(bad, t, static_cast<std::uint64_t>(offender));
           failed = true;
         }
       }

@@ -1,35 +1,44 @@
 #include "moe/weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+
+#include <oneapi/tbb/parallel_for.h>
 
 #include "runtime/error.hpp"
 
 namespace loom::moe {
 
 namespace {
-std::vector<bf16> uniform(std::size_t n, float scale, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> dist(-scale, scale);
+// Uniform values in [-scale, scale], filled in parallel chunks; chunk i draws from its own stream
+// (seed, stream, i), so the result depends only on the seed, not on the thread count.
+std::vector<bf16> uniform(std::size_t n, float scale, std::uint64_t seed, std::uint64_t stream) {
+  constexpr std::size_t kChunk = std::size_t{1} << 20;
   std::vector<bf16> v(n);
-  for (auto& x : v) x = __float2bfloat16(dist(rng));
+  oneapi::tbb::parallel_for(std::size_t{0}, (n + kChunk - 1) / kChunk, [&](std::size_t chunk) {
+    std::seed_seq seq{seed, stream, static_cast<std::uint64_t>(chunk)};
+    std::mt19937_64 rng(seq);
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    for (std::size_t i = chunk * kChunk; i < std::min(n, (chunk + 1) * kChunk); ++i)
+      v[i] = __float2bfloat16(dist(rng));
+  });
   return v;
 }
 }  // namespace
 
 MoEWeights random_weights(MoEConfig const& c, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
   std::size_t const e = c.experts, h = c.hidden, d = c.ffn;
   MoEWeights w;
-  w.router = uniform(e * h, 2.0f / std::sqrt(float(h)), rng);
-  w.gate = uniform(e * d * h, 1.0f / std::sqrt(float(h)), rng);
-  if (c.activation == Activation::swiglu) w.up = uniform(e * d * h, 1.0f / std::sqrt(float(h)), rng);
-  w.down = uniform(e * h * d, 1.0f / std::sqrt(float(d)), rng);
+  w.router = uniform(e * h, 2.0f / std::sqrt(float(h)), seed, 1);
+  w.gate = uniform(e * d * h, 1.0f / std::sqrt(float(h)), seed, 2);
+  if (c.activation == Activation::swiglu) w.up = uniform(e * d * h, 1.0f / std::sqrt(float(h)), seed, 3);
+  w.down = uniform(e * h * d, 1.0f / std::sqrt(float(d)), seed, 4);
   return w;
 }
 
 std::vector<bf16> random_tokens(MoEConfig const& c, std::uint32_t tokens, std::uint64_t seed) {
-  std::mt19937_64 rng(seed ^ 0x5851F42D4C957F2Dull);
-  return uniform(std::size_t{tokens} * c.hidden, 1.0f, rng);
+  return uniform(std::size_t{tokens} * c.hidden, 1.0f, seed, 5);
 }
 
 void check_shapes(MoEConfig const& c, MoEWeights const& w) {

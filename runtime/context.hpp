@@ -45,12 +45,21 @@ class TaskContext {
   LOOM_HD Watchdog watchdog(WaitSite site, std::uint32_t object) const {
     return Watchdog(*state_.error, who_, state_.watchdog_ns, site, object);
   }
-  // Records a failed check of the running task; the launch ends and the host raises it.
-  LOOM_HD void fail(std::uint32_t task_type, std::uint32_t line, std::uint64_t a,
+  // Records a failed check of the running task; the launch ends and the host raises it, naming
+  // the task type (and, if the type has describe_failure, in its words). `code` is a source line
+  // or a code of the type's own; a and b are values worth reporting.
+  LOOM_HD void fail(std::uint32_t code, std::uint64_t a, std::uint64_t b) const {
+    fail(task_type_, code, a, b);
+  }
+  // The same, naming the task type explicitly.
+  LOOM_HD void fail(std::uint32_t task_type, std::uint32_t code, std::uint64_t a,
                     std::uint64_t b) const {
-    raise_error(*state_.error, ErrorCode::task_assert, Actor::task, who_.block, who_.rank, line,
+    raise_error(*state_.error, ErrorCode::task_assert, Actor::task, who_.block, who_.rank, code,
                 task_type, a, b);
   }
+  // Set by the processor before each body runs.
+  LOOM_HD void set_task_type(std::uint32_t type) { task_type_ = type; }
+  LOOM_HD std::uint32_t task_type() const { return task_type_; }
   LOOM_HD bool failed() const { return has_error(*state_.error); }
   // Records that a descriptor named a type outside the pipeline (`types` long).
   LOOM_HD void report_unknown_type(std::uint32_t type, std::uint32_t types) const {
@@ -64,6 +73,7 @@ class TaskContext {
   WaiterId who_;
   SymmetricView const& heap_;
   void* shared_;
+  std::uint32_t task_type_ = 0;
 };
 
 }  // namespace loom

@@ -32,6 +32,7 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
     }
     Task const task = s.task(ref);
     std::uint64_t const start = s.trace ? now_ns() : 0;
+    ctx.set_task_type(task.header.type);
     if (!Pipeline::run_host(task, ctx) || has_error(*s.error)) return;
     if (s.trace) {
       std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});

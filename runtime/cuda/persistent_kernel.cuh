@@ -54,6 +54,7 @@ __device__ void run_processor_block(RuntimeState const& s, SymmetricView const& 
     }
     __syncthreads();
     std::uint64_t const start = (s.trace && threadIdx.x == 0) ? now_ns() : 0;
+    ctx.set_task_type(sh.task.header.type);
     Pipeline::run_device(sh.task, ctx);  // an unknown type is recorded as an error
     __syncthreads();
     if (threadIdx.x == 0) {

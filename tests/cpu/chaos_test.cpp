@@ -82,8 +82,7 @@ TEST(Chaos, FailureUnderRandomDelaysEndsTheLaunchAndRecovers) {
     constexpr std::uint32_t emitters = 3, bound = 100;
     Recorder r(EmissionShape::slots_for(emitters, bound));
     std::uint32_t trigger = 1;
-    EmissionShape shape(r, emitters, bound,
-                        {checked_fail_task<TestPipeline>(&trigger)});
+    EmissionShape shape(r, emitters, bound, {checked_fail_task<TestPipeline>(&trigger)});
     CpuExecutor<TestPipeline> ex(one_rank(shape.graph()), options_with(3, chaos));
     shape.draw_counts(rng);
     r.poison();

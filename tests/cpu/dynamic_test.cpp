@@ -36,8 +36,7 @@ TEST(Dynamic, EmittedTasksCompletingADynamicEventReleaseAStaticSuccessor) {
   std::uint32_t count = n;
   GraphBuilder b;
   EventId const done = b.add_event(n, EventOptions{true});
-  b.add_task(TestPipeline::make<Emitter>(
-      Emitter::Payload{&r, &count, 0, n, 2, done, kNoEvent, 0}));
+  b.add_task(TestPipeline::make<Emitter>(Emitter::Payload{&r, &count, 0, n, 2, done, kNoEvent, 0}));
   b.add_task(stamp_task(r, 1), {done});
   b.set_dynamic_bound(n);
   CpuExecutor<TestPipeline> ex(one_rank(b.build()), options_with(3));
@@ -94,7 +93,7 @@ TEST(Dynamic, EmittingPastTheBoundFailsAndTheExecutorRecovers) {
     shape.set_count(1, bound);
     r.poison();
     std::string const m = error_of([&] { ex.run(); });
-    EXPECT_TRUE(mentions(m, "bound"));
+    EXPECT_TRUE(mentions(m, "dynamic task bound exceeded"));
     EXPECT_TRUE(mentions(m, "bound " + std::to_string(emitters * bound)));
   }
 }
@@ -108,8 +107,8 @@ TEST(Dynamic, RetiringMoreThanTheBoundLeavesFailsAndTheExecutorRecovers) {
   std::uint32_t count = 0;
   GraphBuilder b;
   EventId const done = b.add_event(n, EventOptions{true});
-  TaskId const emitter = b.add_task(TestPipeline::make<Emitter>(
-      Emitter::Payload{&r, &count, 0, n, 2, done, done, 0}));
+  TaskId const emitter =
+      b.add_task(TestPipeline::make<Emitter>(Emitter::Payload{&r, &count, 0, n, 2, done, done, 0}));
   b.add_task(stamp_task(r, 1), {done});
   b.set_dynamic_bound(n);
   Graph good = b.build();
@@ -144,8 +143,7 @@ TEST(Dynamic, ExecutorRunsCorrectlyAfterATaskFailure) {
   Recorder r(EmissionShape::slots_for(emitters, bound));
   std::uint32_t trigger = 0;
   // The emission shape plus a CheckedFail root.
-  EmissionShape shape(r, emitters, bound,
-                      {checked_fail_task<TestPipeline>(&trigger)});
+  EmissionShape shape(r, emitters, bound, {checked_fail_task<TestPipeline>(&trigger)});
   CpuExecutor<TestPipeline> ex(one_rank(shape.graph()), options_with(3));
   for (int round = 0; round < 4; ++round) {
     trigger = 0;

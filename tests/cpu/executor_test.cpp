@@ -92,7 +92,8 @@ TEST(Executor, TaskWithSeveralGatesWaitsForAllOfThem) {
     for (std::uint32_t j = 0; j <= i; ++j) {
       EventId const e = b.add_event(1);
       std::uint32_t const t = slot++;
-      if (prev == kNoEvent) b.add_task(stamp_task(r, t, e));
+      if (prev == kNoEvent)
+        b.add_task(stamp_task(r, t, e));
       else {
         b.add_task(stamp_task(r, t, e), {prev});
         s.before.emplace_back(t - 1, t);
@@ -195,7 +196,8 @@ TEST(Executor, OneProcessorRunsReleasedTasksInPolicyOrder) {
     b.add_task(stamp_task(r, i, l_done.back(), 0), {a_done});
   }
   b.add_task(stamp_task(r, k + 1, kNoEvent, 3), {a_done});
-  for (std::uint32_t i = 0; i < k; ++i) b.add_task(stamp_task(r, k + 2 + i, kNoEvent, 0), {l_done[i]});
+  for (std::uint32_t i = 0; i < k; ++i)
+    b.add_task(stamp_task(r, k + 2 + i, kNoEvent, 0), {l_done[i]});
   CpuExecutor<TestPipeline> ex(one_rank(b.build()), options_with(1));
   auto order = [&] {
     std::vector<std::uint32_t> o(r.slots());
@@ -248,6 +250,40 @@ TEST(Executor, MoreProcessorsThanTasks) {
   Recorder r(3);
   Shape const s = fan_shape(r, 1);
   run_and_check(s, r, options_with(8), 3);
+}
+
+TEST(Executor, TraceRecordsEveryTaskOnce) {
+  Recorder r(102);
+  Shape const s = fan_shape(r, 100);
+  CpuOptions o = options_with(3);
+  o.trace_capacity = 1000;
+  CpuExecutor<TestPipeline> ex(one_rank(s.graph), o);
+  for (int launch = 0; launch < 2; ++launch) {
+    r.poison();
+    ex.run();
+    std::vector<TraceRecord> const trace = ex.take_trace(0);
+    ASSERT_EQ(trace.size(), 102u) << "launch " << launch;
+    std::vector<int> seen(102, 0);
+    for (TraceRecord const& t : trace) {
+      ASSERT_LT(t.task_id, 102u);
+      ++seen[t.task_id];
+      EXPECT_EQ(t.type, TestPipeline::id<Stamp>);
+      EXPECT_EQ(t.rank, 0u);
+      EXPECT_LT(t.processor, 3u);
+      EXPECT_LE(t.start_ns, t.end_ns);
+    }
+    for (std::uint32_t i = 0; i < 102; ++i) EXPECT_EQ(seen[i], 1) << "task " << i;
+    std::string const json = chrome_trace_json(trace, TestPipeline::names, TestPipeline::size);
+    std::size_t names = 0;
+    for (std::size_t at = 0; (at = json.find("\"name\":\"stamp\"", at)) != std::string::npos; ++at)
+      ++names;
+    EXPECT_EQ(names, 102u);
+  }
+  // A trace smaller than the launch keeps its first records and drops the rest.
+  o.trace_capacity = 10;
+  CpuExecutor<TestPipeline> small(one_rank(s.graph), o);
+  small.run();
+  EXPECT_EQ(small.take_trace(0).size(), 10u);
 }
 
 // The epoch is what every epoch-valued flag (symmetric-heap signals, arrival markers) is compared

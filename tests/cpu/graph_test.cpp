@@ -43,8 +43,7 @@ TEST(Graph, RejectsATaskGatedOnItsOwnEvent) {
 TEST(Graph, RejectsALongCycleBehindValidTasks) {
   // root -> a -> b -> c -> a: the cycle is not at the start of the task list.
   GraphBuilder b;
-  EventId const r = b.add_event(1), ea = b.add_event(2), eb = b.add_event(1),
-                ec = b.add_event(1);
+  EventId const r = b.add_event(1), ea = b.add_event(2), eb = b.add_event(1), ec = b.add_event(1);
   b.add_task(plain(0, ea));
   b.add_task(plain(1, eb), {ea});
   b.add_task(plain(2, ec), {eb});

@@ -50,18 +50,16 @@ class Exchange {
       for (std::uint32_t dst = 0; dst < c.world; ++dst)
         for (std::uint32_t t = 0; t < tiles_[me][dst]; ++t) {
           std::uint32_t const slot = me * c.max_tiles + t;  // at dst
-          b.add_task(ExchangePipeline::make<SendTile>(
-              SendTile::Payload{input_[me].data() + std::size_t{dst * c.max_tiles + t} * c.floats,
-                                recv_.offset + std::uint64_t{slot} * c.floats * sizeof(float),
-                                flags_.offset + std::uint64_t{slot} * sizeof(std::uint64_t), dst,
-                                c.floats}));
+          b.add_task(ExchangePipeline::make<SendTile>(SendTile::Payload{
+              input_[me].data() + std::size_t{dst * c.max_tiles + t} * c.floats,
+              recv_.offset + std::uint64_t{slot} * c.floats * sizeof(float),
+              flags_.offset + std::uint64_t{slot} * sizeof(std::uint64_t), dst, c.floats}));
         }
       std::uint32_t const incoming = incoming_tiles(me);
       EventId const consumed = b.add_event(incoming, EventOptions{true});
       b.add_task(ExchangePipeline::make<Stamp>(Stamp::Payload{recorders_[me].get(), 0}),
                  {consumed});
-      if (c.failing_root && me == 0)
-        b.add_task(checked_fail_task<ExchangePipeline>(&trigger));
+      if (c.failing_root && me == 0) b.add_task(checked_fail_task<ExchangePipeline>(&trigger));
       b.set_dynamic_bound(incoming);
       graphs.push_back(b.build());
 
@@ -133,8 +131,8 @@ class Exchange {
             }
             float const want = input_[a][std::size_t{b * M + t} * F + i] * scale(b);
             if (!(got == want)) {
-              note("rank ", b, ": slot ", s, " (from rank ", a, ", tile ", t, ") float ", i,
-                   " is ", got, ", expected ", want);
+              note("rank ", b, ": slot ", s, " (from rank ", a, ", tile ", t, ") float ", i, " is ",
+                   got, ", expected ", want);
               break;
             }
           }
@@ -226,7 +224,8 @@ TEST(Ranks, ExchangeRecoversAfterAFailedLaunch) {
   Exchange::Config c;
   c.world = 2;
   c.options = exchange_options(2, 1);
-  c.options.watchdog = std::chrono::milliseconds(300);
+  // Rank 1 of the failed launch waits this long for tiles rank 0 never sends.
+  c.options.watchdog = std::chrono::milliseconds(1000);
   c.failing_root = true;
   Exchange x(c, rng);
   for (int launch = 0; launch < 2; ++launch) {

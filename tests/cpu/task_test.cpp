@@ -1,5 +1,6 @@
 // The task descriptor and the pipeline's compile-time list: encoding, type ids, block shape,
 // host dispatch.
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -174,8 +175,8 @@ TEST(Pipeline, RunHostCallsTheBodyOfTheTasksType) {
 
   // Emitter stamps its own slot (and emits nothing here: count 0, bound 0).
   std::uint32_t const zero = 0;
-  Task const emitter = TestPipeline::make<Emitter>(
-      Emitter::Payload{&r, &zero, 2, 0, 0, kNoEvent, kNoEvent, 0});
+  Task const emitter =
+      TestPipeline::make<Emitter>(Emitter::Payload{&r, &zero, 2, 0, 0, kNoEvent, kNoEvent, 0});
   EXPECT_TRUE(TestPipeline::run_host(emitter, ctx));
   EXPECT_EQ(r.runs(2), 1u);
   EXPECT_EQ(r.runs(1), 1u);
@@ -183,8 +184,7 @@ TEST(Pipeline, RunHostCallsTheBodyOfTheTasksType) {
   // CheckedFail with its trigger set records a task_assert naming its type.
   std::uint32_t const trigger = 9;
   EXPECT_FALSE(ctx.failed());
-  EXPECT_TRUE(TestPipeline::run_host(
-      checked_fail_task<TestPipeline>(&trigger), ctx));
+  EXPECT_TRUE(TestPipeline::run_host(checked_fail_task<TestPipeline>(&trigger), ctx));
   ASSERT_TRUE(ctx.failed());
   EXPECT_EQ(hs.state().error->code, static_cast<std::uint32_t>(ErrorCode::task_assert));
   EXPECT_EQ(hs.state().error->object, TestPipeline::id<CheckedFail>);
@@ -200,7 +200,9 @@ TEST(Pipeline, RunHostRejectsATypeOutsideTheList) {
   bad.header.type = TestPipeline::size;
   EXPECT_FALSE(TestPipeline::run_host(bad, ctx));
   EXPECT_EQ(r.runs(0), 0u);
-  EXPECT_TRUE(ctx.failed());
+  ASSERT_TRUE(ctx.failed());
+  EXPECT_EQ(hs.state().error->code, static_cast<std::uint32_t>(ErrorCode::bad_task_type));
+  EXPECT_EQ(hs.state().error->object, TestPipeline::size);
 }
 
 TEST(Pipeline, UnknownTypeFailsTheLaunchWithBadTaskType) {

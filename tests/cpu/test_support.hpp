@@ -3,6 +3,8 @@
 // the pipeline that carries them, and a helper that captures a loom::Error's message.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -10,8 +12,6 @@
 #include <memory>
 #include <random>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "runtime/runtime.hpp"
 
@@ -52,8 +52,8 @@ template <class Fn>
 
 inline ::testing::AssertionResult mentions(std::string const& message, std::string const& part) {
   if (message.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "message \"" << message << "\" does not mention \""
-                                       << part << "\"";
+  return ::testing::AssertionFailure()
+         << "message \"" << message << "\" does not mention \"" << part << "\"";
 }
 
 // What task bodies write: per task slot, how many times it ran in this launch, a start and an end
@@ -64,8 +64,10 @@ class Recorder {
   static constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 
   explicit Recorder(std::size_t slots)
-      : slots_(slots), runs_(new std::atomic<std::uint32_t>[slots]),
-        start_(new std::atomic<std::uint64_t>[slots]), end_(new std::atomic<std::uint64_t>[slots]),
+      : slots_(slots),
+        runs_(new std::atomic<std::uint32_t>[slots]),
+        start_(new std::atomic<std::uint64_t>[slots]),
+        end_(new std::atomic<std::uint64_t>[slots]),
         epoch_(new std::atomic<std::uint64_t>[slots]) {
     poison();
   }
@@ -195,8 +197,8 @@ inline void CheckedFail::host(Payload const& p, TaskContext& ctx) {
 
 template <class P>
 Task checked_fail_task(std::uint32_t const* trigger, EventId completes = kNoEvent) {
-  return P::template make<CheckedFail>(
-      CheckedFail::Payload{trigger, P::template id<CheckedFail>}, completes);
+  return P::template make<CheckedFail>(CheckedFail::Payload{trigger, P::template id<CheckedFail>},
+                                       completes);
 }
 
 inline Task stamp_task(Recorder& r, std::uint32_t slot, EventId completes = kNoEvent,

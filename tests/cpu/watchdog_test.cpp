@@ -33,8 +33,10 @@ struct StuckGraph {
     EventId prev = kNoEvent;
     for (std::uint32_t t = 0; t < 3; ++t) {
       EventId const e = b.add_event(1);
-      if (prev == kNoEvent) b.add_task(stamp_task(r, t, e));
-      else b.add_task(stamp_task(r, t, e), {prev});
+      if (prev == kNoEvent)
+        b.add_task(stamp_task(r, t, e));
+      else
+        b.add_task(stamp_task(r, t, e), {prev});
       prev = e;
     }
     stuck = b.add_event(2, EventOptions{true});
@@ -88,8 +90,8 @@ TEST(Watchdog, UnretiredDynamicBoundEndsTheLaunchWithAWatchdogError) {
   std::uint32_t count = 0;
   GraphBuilder b;
   // Emits nothing and retires its share of 1, but the graph declares a bound of 2.
-  b.add_task(TestPipeline::make<Emitter>(
-      Emitter::Payload{&r, &count, 0, 1, 1, kNoEvent, kNoEvent, 0}));
+  b.add_task(
+      TestPipeline::make<Emitter>(Emitter::Payload{&r, &count, 0, 1, 1, kNoEvent, kNoEvent, 0}));
   b.set_dynamic_bound(2);
   CpuExecutor<TestPipeline> ex(one_rank(b.build()), short_watchdog(2));
   auto const t0 = Clock::now();
@@ -110,10 +112,11 @@ TEST(Watchdog, TaskCheckFailureNamesTheTaskType) {
   EventId prev = kNoEvent;
   for (std::uint32_t t = 0; t < 1000; ++t) {
     EventId const e = t + 1 < 1000 ? b.add_event(1) : kNoEvent;
-    Task const task = t == 500 ? checked_fail_task<TestPipeline>(&trigger, e)
-                               : stamp_task(r, t, e);
-    if (prev == kNoEvent) b.add_task(task);
-    else b.add_task(task, {prev});
+    Task const task = t == 500 ? checked_fail_task<TestPipeline>(&trigger, e) : stamp_task(r, t, e);
+    if (prev == kNoEvent)
+      b.add_task(task);
+    else
+      b.add_task(task, {prev});
     prev = e;
   }
   CpuExecutor<TestPipeline> ex(one_rank(b.build()), options_with(3));
@@ -147,8 +150,7 @@ TEST(Watchdog, FailureOnOneOfManyProcessorsEndsTheLaunch) {
   GraphBuilder b;
   std::uint32_t const failing = rng() % 2000;
   for (std::uint32_t t = 0; t < 2000; ++t)
-    b.add_task(t == failing ? checked_fail_task<TestPipeline>(&trigger)
-                            : stamp_task(r, t));
+    b.add_task(t == failing ? checked_fail_task<TestPipeline>(&trigger) : stamp_task(r, t));
   CpuExecutor<TestPipeline> ex(one_rank(b.build()), options_with(4));
   for (int i = 0; i < 5; ++i) {
     auto const t0 = Clock::now();

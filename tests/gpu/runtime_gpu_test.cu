@@ -87,7 +87,7 @@ using HugePipeline = loom::Pipeline<Huge>;
 
 __device__ void Check::device(Payload const& p, TaskContext& ctx) {
   if (threadIdx.x == 0 && p.value != p.want)
-    ctx.fail(TestPipeline::id<Check>, __LINE__, p.value, p.want);
+    ctx.fail(__LINE__, p.value, p.want);
 }
 
 __device__ void Spawn::device(Payload const& p, TaskContext& ctx) {
