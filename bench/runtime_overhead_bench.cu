@@ -29,8 +29,10 @@ loom::Graph chain_graph(std::uint32_t n) {
   for (std::uint32_t i = 0; i < n; ++i) {
     loom::EventId const e = b.add_event(1);
     auto const t = EmptyPipeline::make<loom::tasks::Empty>({0}, e);
-    if (prev == loom::kNoEvent) b.add_task(t);
-    else b.add_task(t, {prev});
+    if (prev == loom::kNoEvent)
+      b.add_task(t);
+    else
+      b.add_task(t, {prev});
     prev = e;
   }
   return b.build();
@@ -81,8 +83,8 @@ void run_persistent(benchmark::State& state, loom::Graph graph, std::uint32_t ta
     state.SetIterationTime(timer.stop_seconds(nullptr));
   }
   ex.check();
-  state.counters["tasks_per_s"] =
-      benchmark::Counter(static_cast<double>(tasks) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["tasks_per_s"] = benchmark::Counter(
+      static_cast<double>(tasks) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["processors"] = ex.processors();
   set_device_label(state);
 }
@@ -178,15 +180,32 @@ void BM_CudaGraphOfLaunchesEmpty(benchmark::State& state) {
 }
 
 constexpr int kReps = 5;
-BENCHMARK(BM_PersistentIndependentEmpty)->Arg(100000)->Arg(1000000)->UseManualTime()
-    ->Unit(benchmark::kMillisecond)->Repetitions(kReps)->ReportAggregatesOnly(true);
-BENCHMARK(BM_PersistentChainEmpty)->Arg(10000)->UseManualTime()->Unit(benchmark::kMillisecond)
-    ->Repetitions(kReps)->ReportAggregatesOnly(true);
+BENCHMARK(BM_PersistentIndependentEmpty)
+    ->Arg(100000)
+    ->Arg(1000000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(kReps)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_PersistentChainEmpty)
+    ->Arg(10000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(kReps)
+    ->ReportAggregatesOnly(true);
 BENCHMARK(BM_PersistentChainSuccessorGap)->Arg(10000)->Iterations(5)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LaunchPerTaskEmpty)->Arg(100000)->UseManualTime()->Unit(benchmark::kMillisecond)
-    ->Repetitions(kReps)->ReportAggregatesOnly(true);
-BENCHMARK(BM_CudaGraphOfLaunchesEmpty)->Arg(100000)->UseManualTime()
-    ->Unit(benchmark::kMillisecond)->Repetitions(kReps)->ReportAggregatesOnly(true);
+BENCHMARK(BM_LaunchPerTaskEmpty)
+    ->Arg(100000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(kReps)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_CudaGraphOfLaunchesEmpty)
+    ->Arg(100000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(kReps)
+    ->ReportAggregatesOnly(true);
 
 }  // namespace
 

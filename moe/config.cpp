@@ -6,14 +6,19 @@ namespace loom::moe {
 
 char const* to_string(Activation a) {
   switch (a) {
-    case Activation::swiglu: return "swiglu";
-    case Activation::gelu: return "gelu";
-    case Activation::relu: return "relu";
+    case Activation::swiglu:
+      return "swiglu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::relu:
+      return "relu";
   }
   return "unknown";
 }
 
-char const* to_string(RouterScore s) { return s == RouterScore::softmax ? "softmax" : "sigmoid"; }
+char const* to_string(RouterScore s) {
+  return s == RouterScore::softmax ? "softmax" : "sigmoid";
+}
 
 Activation parse_activation(std::string const& name) {
   if (name == "swiglu") return Activation::swiglu;
@@ -40,14 +45,14 @@ void validate(MoEConfig const& c) {
     fail("experts=" + std::to_string(c.experts) + " must be between 1 and " +
          std::to_string(kMaxExperts));
   if (c.top_k == 0 || c.top_k > kMaxTopK)
-    fail("top_k=" + std::to_string(c.top_k) + " must be between 1 and " +
-         std::to_string(kMaxTopK) + " (experts per token limit)");
+    fail("top_k=" + std::to_string(c.top_k) + " must be between 1 and " + std::to_string(kMaxTopK) +
+         " (experts per token limit)");
   if (c.top_k > c.experts)
     fail("top_k=" + std::to_string(c.top_k) + " exceeds experts=" + std::to_string(c.experts));
   if (c.max_tokens == 0) fail("max_tokens must be at least 1");
   if (std::uint64_t{c.max_tokens} * c.top_k >= (1ull << 30))
-    fail("max_tokens=" + std::to_string(c.max_tokens) + " times top_k=" +
-         std::to_string(c.top_k) + " exceeds 2^30 routed rows");
+    fail("max_tokens=" + std::to_string(c.max_tokens) + " times top_k=" + std::to_string(c.top_k) +
+         " exceeds 2^30 routed rows");
 }
 
 }  // namespace loom::moe

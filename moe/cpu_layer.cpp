@@ -99,7 +99,9 @@ void CpuMoELayer::run(bf16 const* x, std::uint32_t tokens, bf16* out) {
   }
 }
 
-std::vector<std::uint32_t> CpuMoELayer::expert_tokens() const { return expert_tokens_; }
+std::vector<std::uint32_t> CpuMoELayer::expert_tokens() const {
+  return expert_tokens_;
+}
 
 std::vector<std::int32_t> CpuMoELayer::topk_ids() const {
   return {ids_.begin(), ids_.begin() + std::size_t{last_tokens_} * config_.top_k};

@@ -21,8 +21,8 @@ class CpuMoELayer {
   // The same with the caller's routing: ids [tokens][k] (-1: none), weights [tokens][k]. Invalid
   // routing (id out of range or repeated in a row, non-finite weight) is rejected before the
   // launch with loom::Error.
-  void forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
-               float const* weights, bf16* out);
+  void forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids, float const* weights,
+               bf16* out);
 
   // Of the last call: tokens routed to each expert, and the routing used.
   std::vector<std::uint32_t> expert_tokens() const;

@@ -19,9 +19,8 @@ inline constexpr std::uint32_t kSwigluHalf = kTileCols / 2;
 
 // acc[r][c] = sum_k A[r][k] * B[c][k] for r < rows, c < kTileCols (A row-major [rows][K] with lda,
 // B row-major [kTileCols][K] with ldb). Host reference of the tile product.
-inline void host_tile_product(bf16 const* a, std::uint32_t lda, std::uint32_t rows,
-                              bf16 const* b, std::uint32_t ldb, std::uint32_t k,
-                              float (*acc)[kTileCols]) {
+inline void host_tile_product(bf16 const* a, std::uint32_t lda, std::uint32_t rows, bf16 const* b,
+                              std::uint32_t ldb, std::uint32_t k, float (*acc)[kTileCols]) {
   for (std::uint32_t r = 0; r < rows; ++r)
     for (std::uint32_t c = 0; c < kTileCols; ++c) {
       float s = 0.0f;
@@ -44,7 +43,7 @@ __device__ inline void device_tile_product(bf16 const* a, std::uint32_t lda, std
                                            bf16 const* b, std::uint32_t ldb, std::uint32_t k,
                                            float* smem, float (&acc)[8][4]) {
   constexpr std::uint32_t kStep = 32;
-  float* as = smem;                   // [kStep][64], k-major
+  float* as = smem;                      // [kStep][64], k-major
   float* bs = smem + kStep * kTileRows;  // [kStep][64]
   std::uint32_t const tid = threadIdx.x, rg = tid / 16, cg = tid % 16;
 #pragma unroll
@@ -121,10 +120,9 @@ struct ExpertUp {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     float acc[8][4];
-    device_tile_product(
-        v.pool + std::size_t{p.row0} * v.hidden, v.hidden, p.rows,
-        v.w1 + (std::size_t{p.expert} * v.up_cols + p.ntile * kTileCols) * v.hidden, v.hidden,
-        v.hidden, static_cast<float*>(ctx.shared_memory()), acc);
+    device_tile_product(v.pool + std::size_t{p.row0} * v.hidden, v.hidden, p.rows,
+                        v.w1 + (std::size_t{p.expert} * v.up_cols + p.ntile * kTileCols) * v.hidden,
+                        v.hidden, v.hidden, static_cast<float*>(ctx.shared_memory()), acc);
     std::uint32_t const rg = threadIdx.x / 16, cg = threadIdx.x % 16;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

@@ -45,14 +45,17 @@ struct GatherTokens {
                              TaskContext& ctx) {
     std::uint32_t const local_tile = index / kTileRows;
     std::uint32_t const count = v.offsets[e + 1] - v.offsets[e];
-    std::uint32_t const rows = count - local_tile * kTileRows < kTileRows
-                                   ? count - local_tile * kTileRows
-                                   : kTileRows;
+    std::uint32_t const rows =
+        count - local_tile * kTileRows < kTileRows ? count - local_tile * kTileRows : kTileRows;
     std::uint32_t const mtile = v.tile_base[e] + local_tile;
     if (fetch_add_acq_rel(v.rows_arrived[mtile], 1u) + 1 != rows) return;
     store_relaxed(v.rows_arrived[mtile], 0u);
-    TilePayload tile{&v, v.offsets[e] + local_tile * kTileRows, mtile,
-                     static_cast<std::uint16_t>(rows), static_cast<std::uint16_t>(e), 0};
+    TilePayload tile{&v,
+                     v.offsets[e] + local_tile * kTileRows,
+                     mtile,
+                     static_cast<std::uint16_t>(rows),
+                     static_cast<std::uint16_t>(e),
+                     0};
     emit_row_of_tiles(ctx, v.up_type, tile, v.up_tiles);
   }
 

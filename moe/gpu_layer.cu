@@ -67,8 +67,8 @@ GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Gpu
   v.up_done = up_done_.get();
   v.block_done = block_done_.get();
   view_ = DeviceBuffer<MoEView>(std::vector<MoEView>{v});
-  executor_ = std::make_unique<GpuExecutor<MoEPipeline>>(build_moe_graph(config, view_.get()),
-                                                         options);
+  executor_ =
+      std::make_unique<GpuExecutor<MoEPipeline>>(build_moe_graph(config, view_.get()), options);
 }
 
 void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* out,
@@ -92,8 +92,8 @@ void GpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, std::int32_t cons
     throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
   std::size_t const n = std::size_t{tokens} * config_.top_k;
-  LOOM_CUDA(cudaMemcpyAsync(ids_.get(), ids, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
-                            stream));
+  LOOM_CUDA(
+      cudaMemcpyAsync(ids_.get(), ids, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream));
   LOOM_CUDA(cudaMemcpyAsync(weights_.get(), weights, n * sizeof(float), cudaMemcpyDeviceToDevice,
                             stream));
   launch(x, tokens, true, out, stream);
@@ -116,7 +116,9 @@ void GpuMoELayer::check(cudaStream_t stream) {
   }
 }
 
-std::vector<std::uint32_t> GpuMoELayer::expert_tokens() const { return expert_tokens_.download(); }
+std::vector<std::uint32_t> GpuMoELayer::expert_tokens() const {
+  return expert_tokens_.download();
+}
 
 std::vector<std::int32_t> GpuMoELayer::topk_ids() const {
   auto all = ids_.download();

@@ -24,8 +24,8 @@ class GpuMoELayer {
   void forward(bf16 const* x, std::uint32_t tokens, bf16* out, cudaStream_t stream = nullptr);
   // With the caller's routing (device pointers, [tokens][k]): ids -1 = no expert. Ids out of range
   // or repeated in a row and non-finite weights end the call with loom::Error at check().
-  void forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
-               float const* weights, bf16* out, cudaStream_t stream = nullptr);
+  void forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids, float const* weights,
+               bf16* out, cudaStream_t stream = nullptr);
 
   // Waits for the stream; raises the call's error, if any (the layer is then ready again).
   void check(cudaStream_t stream = nullptr);

@@ -9,7 +9,9 @@
 namespace loom::moe {
 
 namespace {
-double f(bf16 v) { return static_cast<double>(__bfloat162float(v)); }
+double f(bf16 v) {
+  return static_cast<double>(__bfloat162float(v));
+}
 double activate64(Activation a, double v) {
   if (a == Activation::relu) return v > 0 ? v : 0;
   double const c = 0.7978845608028654;

@@ -13,8 +13,8 @@ std::vector<double> reference_scores(MoEConfig const& config, MoEWeights const& 
                                      bf16 const* x, std::uint32_t tokens);
 
 // The layer's output given a routing: [T][H].
-std::vector<double> reference_moe(MoEConfig const& config, MoEWeights const& weights,
-                                  bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
+std::vector<double> reference_moe(MoEConfig const& config, MoEWeights const& weights, bf16 const* x,
+                                  std::uint32_t tokens, std::int32_t const* ids,
                                   float const* routing_weights);
 
 // Checks a routing the layer chose against float64 scores: every chosen expert's score is within

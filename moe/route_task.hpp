@@ -28,7 +28,6 @@ LOOM_HD inline std::uint32_t check_given_routing(MoEView const& v, std::uint32_t
   return 0;
 }
 
-
 struct RouteTokens {
   static constexpr char const* name = "moe_route";
   static constexpr unsigned threads = 128;
@@ -36,8 +35,7 @@ struct RouteTokens {
   using Payload = BlockPayload;
 
   // Turns a failed routing check (code from check_given_routing, token, offending id) into words.
-  static std::string describe_failure(std::uint32_t code, std::uint64_t token,
-                                      std::uint64_t id) {
+  static std::string describe_failure(std::uint32_t code, std::uint64_t token, std::uint64_t id) {
     std::string const t = "token " + std::to_string(token);
     std::string const e = std::to_string(static_cast<std::int32_t>(id));
     if (code == 1) return t + " names expert " + e + ", outside [-1, experts)";

@@ -52,11 +52,15 @@ LOOM_HD inline void select_top_k(float const* scores, std::uint32_t experts, std
 }
 
 // Activations applied per expert path in the first GEMM's epilogue.
-LOOM_HD inline float silu(float x) { return x / (1.0f + expf(-x)); }
+LOOM_HD inline float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
 LOOM_HD inline float gelu_tanh(float x) {
   float const c = 0.7978845608028654f;  // sqrt(2 / pi)
   return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
-LOOM_HD inline float relu(float x) { return x > 0.0f ? x : 0.0f; }
+LOOM_HD inline float relu(float x) {
+  return x > 0.0f ? x : 0.0f;
+}
 
 }  // namespace loom::moe

@@ -32,7 +32,7 @@ inline constexpr std::uint32_t kTileCols = 64;    // columns per expert GEMM N-t
 struct MoEView {
   // Shape (fixed at construction).
   std::uint32_t hidden, ffn, experts, top_k;
-  std::uint32_t up_cols;  // columns of W1 as packed (2*ffn for SwiGLU)
+  std::uint32_t up_cols;               // columns of W1 as packed (2*ffn for SwiGLU)
   std::uint32_t up_tiles, down_tiles;  // N-tiles of the two GEMMs
   std::uint32_t max_tokens, max_blocks, max_mtiles;
   Activation activation;
@@ -52,14 +52,14 @@ struct MoEView {
   bf16 const* w2;        // [E][H][ffn]
 
   // Routing.
-  std::int32_t* topk_ids;     // [T][k], -1: no expert
-  float* topk_weights;        // [T][k]
-  std::uint32_t* counts;      // [E] pairs per expert, raised by route, lowered by plan
+  std::int32_t* topk_ids;        // [T][k], -1: no expert
+  float* topk_weights;           // [T][k]
+  std::uint32_t* counts;         // [E] pairs per expert, raised by route, lowered by plan
   std::uint32_t* expert_tokens;  // [E] this call's counts, kept for the caller
-  std::uint32_t* offsets;     // [E + 1] first pool row of each expert
-  std::uint32_t* tile_base;   // [E + 1] first M-tile of each expert
-  std::uint32_t* fill;        // [E] rows gathered so far; lowered by plan
-  std::uint32_t* block_pairs; // [max_blocks] routed pairs per token block
+  std::uint32_t* offsets;        // [E + 1] first pool row of each expert
+  std::uint32_t* tile_base;      // [E + 1] first M-tile of each expert
+  std::uint32_t* fill;           // [E] rows gathered so far; lowered by plan
+  std::uint32_t* block_pairs;    // [max_blocks] routed pairs per token block
 
   // Expert pools.
   bf16* pool;                 // [T*k][H] gathered token rows

@@ -1,10 +1,10 @@
 #include "moe/weights.hpp"
 
+#include <oneapi/tbb/parallel_for.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
-
-#include <oneapi/tbb/parallel_for.h>
 
 #include "runtime/error.hpp"
 
@@ -32,7 +32,8 @@ MoEWeights random_weights(MoEConfig const& c, std::uint64_t seed) {
   MoEWeights w;
   w.router = uniform(e * h, 2.0f / std::sqrt(float(h)), seed, 1);
   w.gate = uniform(e * d * h, 1.0f / std::sqrt(float(h)), seed, 2);
-  if (c.activation == Activation::swiglu) w.up = uniform(e * d * h, 1.0f / std::sqrt(float(h)), seed, 3);
+  if (c.activation == Activation::swiglu)
+    w.up = uniform(e * d * h, 1.0f / std::sqrt(float(h)), seed, 3);
   w.down = uniform(e * h * d, 1.0f / std::sqrt(float(d)), seed, 4);
   return w;
 }

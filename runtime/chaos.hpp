@@ -4,11 +4,11 @@
 // produces. No code is emitted for the device and nothing happens while chaos is off.
 #pragma once
 
-#include "runtime/config.hpp"
-
 #include <chrono>
 #include <random>
 #include <thread>
+
+#include "runtime/config.hpp"
 
 namespace loom {
 

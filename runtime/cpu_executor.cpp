@@ -4,7 +4,9 @@
 
 namespace loom {
 
-void HostRankState::Free::operator()(unsigned char* p) const { std::free(p); }
+void HostRankState::Free::operator()(unsigned char* p) const {
+  std::free(p);
+}
 
 HostRankState::HostRankState(Graph graph, StateOptions const& options)
     : graph_(std::move(graph)), layout_(graph_, options) {
@@ -20,7 +22,9 @@ ErrorRecord HostRankState::take_error() {
   return e;
 }
 
-void HostRankState::reinitialize(std::uint64_t epoch) { layout_.initialize(arena_.get(), epoch); }
+void HostRankState::reinitialize(std::uint64_t epoch) {
+  layout_.initialize(arena_.get(), epoch);
+}
 
 std::vector<TraceRecord> HostRankState::take_trace() {
   std::vector<TraceRecord> out;

@@ -7,14 +7,14 @@
 // match (checked: a lower limit set elsewhere in the process is reported, not waited on).
 #pragma once
 
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_group.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
-
-#include <oneapi/tbb/global_control.h>
-#include <oneapi/tbb/task_arena.h>
-#include <oneapi/tbb/task_group.h>
 
 #include "runtime/host_actors.hpp"
 #include "runtime/scheduler_loop.hpp"
@@ -29,10 +29,10 @@ struct CpuOptions {
   std::uint32_t subscribers = 1;  // subscriber threads per rank
   SchedulingPolicy policy = SchedulingPolicy::fifo;
   std::chrono::milliseconds watchdog{5000};
-  std::uint64_t chaos_seed = 0;           // non-zero: random delays in every actor
-  std::uint32_t chaos_per_mille = 50;     // chance of a delay at each protocol point
+  std::uint64_t chaos_seed = 0;        // non-zero: random delays in every actor
+  std::uint32_t chaos_per_mille = 50;  // chance of a delay at each protocol point
   std::uint32_t chaos_max_delay_us = 200;
-  std::uint32_t trace_capacity = 0;       // per rank; 0: tracing off
+  std::uint32_t trace_capacity = 0;  // per rank; 0: tracing off
 };
 
 // Host-side state of one rank: its graph, the arena, the bound RuntimeState.
@@ -83,7 +83,9 @@ class CpuExecutor {
   // executor; `decoders` holds one decoder per rank (empty: default-constructed decoders).
   CpuExecutor(std::vector<Graph> graphs, CpuOptions options,
               HostSymmetricHeap const* heap = nullptr, std::vector<Decoder> decoders = {})
-      : options_(options), heap_(heap), decoders_(std::move(decoders)),
+      : options_(options),
+        heap_(heap),
+        decoders_(std::move(decoders)),
         pool_(graphs.size() * (options.processors + 1 + options.subscribers)) {
     std::uint32_t const world = static_cast<std::uint32_t>(graphs.size());
     if (world == 0) throw Error("loom: the CPU executor needs at least one rank's graph");
@@ -141,11 +143,11 @@ class CpuExecutor {
         run_scheduler<Policy>(s, WaiterId{Actor::scheduler, 0, r});
       }));
       for (std::uint32_t p = 0; p < options_.processors; ++p)
-        bodies.push_back(with_chaos([&s, p, heap] { run_processor_host<Pipeline, Policy>(s, p, heap); }));
+        bodies.push_back(
+            with_chaos([&s, p, heap] { run_processor_host<Pipeline, Policy>(s, p, heap); }));
       for (std::uint32_t i = 0; i < options_.subscribers; ++i)
-        bodies.push_back(with_chaos([&s, i, heap, this, r] {
-          run_subscriber(s, i, decoders_[r], heap);
-        }));
+        bodies.push_back(
+            with_chaos([&s, i, heap, this, r] { run_subscriber(s, i, decoders_[r], heap); }));
     }
     pool_.run_all(bodies);
     std::string message;

@@ -47,8 +47,7 @@ class Heartbeat {
 };
 
 // Bounded wait for the next ring. False when the wait ended on an error.
-LOOM_HD LOOM_INLINE bool doorbell_wait(Doorbell& d, TaskRef& task, Heartbeat& beat,
-                                       Watchdog& dog) {
+LOOM_HD LOOM_INLINE bool doorbell_wait(Doorbell& d, TaskRef& task, Heartbeat& beat, Watchdog& dog) {
   dog.reset();
   while (!doorbell_poll(d, task)) {
     if (beat.moved()) dog.reset();

@@ -6,45 +6,68 @@ namespace loom {
 
 char const* to_string(Actor a) {
   switch (a) {
-    case Actor::none: return "nobody";
-    case Actor::processor: return "processor";
-    case Actor::scheduler: return "scheduler";
-    case Actor::subscriber: return "subscriber";
-    case Actor::task: return "task body";
-    case Actor::host: return "host";
+    case Actor::none:
+      return "nobody";
+    case Actor::processor:
+      return "processor";
+    case Actor::scheduler:
+      return "scheduler";
+    case Actor::subscriber:
+      return "subscriber";
+    case Actor::task:
+      return "task body";
+    case Actor::host:
+      return "host";
   }
   return "unknown actor";
 }
 
 char const* to_string(ErrorCode c) {
   switch (c) {
-    case ErrorCode::none: return "no error";
-    case ErrorCode::watchdog: return "watchdog expired";
-    case ErrorCode::dynamic_bound_exceeded: return "dynamic task bound exceeded";
-    case ErrorCode::retire_overshoot: return "retired more dynamic slack than the bound leaves";
-    case ErrorCode::event_overshoot: return "event received more arrivals than expected";
-    case ErrorCode::event_incomplete: return "event still incomplete at termination";
-    case ErrorCode::task_assert: return "task check failed";
-    case ErrorCode::bad_task_type: return "task type not in the pipeline";
-    case ErrorCode::queue_overflow: return "queue overflow";
+    case ErrorCode::none:
+      return "no error";
+    case ErrorCode::watchdog:
+      return "watchdog expired";
+    case ErrorCode::dynamic_bound_exceeded:
+      return "dynamic task bound exceeded";
+    case ErrorCode::retire_overshoot:
+      return "retired more dynamic slack than the bound leaves";
+    case ErrorCode::event_overshoot:
+      return "event received more arrivals than expected";
+    case ErrorCode::event_incomplete:
+      return "event still incomplete at termination";
+    case ErrorCode::task_assert:
+      return "task check failed";
+    case ErrorCode::bad_task_type:
+      return "task type not in the pipeline";
+    case ErrorCode::queue_overflow:
+      return "queue overflow";
   }
   return "unknown error";
 }
 
 char const* to_string(WaitSite w) {
   switch (w) {
-    case WaitSite::none: return "nothing";
-    case WaitSite::doorbell: return "its doorbell (next task)";
-    case WaitSite::queue_slot: return "a free queue slot";
-    case WaitSite::scheduler_progress: return "any task to complete or become ready";
-    case WaitSite::actors_started: return "every actor to start";
-    case WaitSite::signal: return "a signal from peer rank";
-    case WaitSite::subscriber_poll: return "arrivals";
+    case WaitSite::none:
+      return "nothing";
+    case WaitSite::doorbell:
+      return "its doorbell (next task)";
+    case WaitSite::queue_slot:
+      return "a free queue slot";
+    case WaitSite::scheduler_progress:
+      return "any task to complete or become ready";
+    case WaitSite::actors_started:
+      return "every actor to start";
+    case WaitSite::signal:
+      return "a signal from peer rank";
+    case WaitSite::subscriber_poll:
+      return "arrivals";
   }
   return "unknown wait";
 }
 
-std::string describe(ErrorRecord const& e, char const* const* type_names, std::uint32_t type_count) {
+std::string describe(ErrorRecord const& e, char const* const* type_names,
+                     std::uint32_t type_count) {
   std::ostringstream os;
   auto const code = static_cast<ErrorCode>(e.code);
   auto const actor = static_cast<Actor>(e.actor);
@@ -59,8 +82,8 @@ std::string describe(ErrorRecord const& e, char const* const* type_names, std::u
       if (static_cast<WaitSite>(e.site) == WaitSite::scheduler_progress) {
         os << ": no task completed or became ready within the watchdog bound; ";
         if (e.object != 0xFFFFFFFFu)
-          os << "event " << e.object << " expected " << e.expected << " arrivals in this launch, saw "
-             << e.seen;
+          os << "event " << e.object << " expected " << e.expected
+             << " arrivals in this launch, saw " << e.seen;
         else
           os << "expected " << e.expected << " tasks completed or retired, saw " << e.seen
              << " (part of the dynamic bound was neither emitted nor retired)";

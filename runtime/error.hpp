@@ -32,12 +32,12 @@ enum class ErrorCode : std::uint32_t {
 // What a spin-wait waited on; named in the error message.
 enum class WaitSite : std::uint32_t {
   none = 0,
-  doorbell,           // processor waiting for its next task
-  queue_slot,         // producer waiting for a queue slot to free
-  scheduler_progress, // scheduler: no task completed or became ready
-  actors_started,     // scheduler waiting for every actor's first report
-  signal,             // wait on a symmetric-heap flag (object = peer rank)
-  subscriber_poll,    // subscriber waiting for arrivals
+  doorbell,            // processor waiting for its next task
+  queue_slot,          // producer waiting for a queue slot to free
+  scheduler_progress,  // scheduler: no task completed or became ready
+  actors_started,      // scheduler waiting for every actor's first report
+  signal,              // wait on a symmetric-heap flag (object = peer rank)
+  subscriber_poll,     // subscriber waiting for arrivals
 };
 
 char const* to_string(Actor a);
@@ -56,7 +56,9 @@ struct ErrorRecord {
 };
 inline constexpr std::uint32_t kClaimed = 0xFFFFFFFFu;
 
-LOOM_HD LOOM_INLINE bool has_error(ErrorRecord const& e) { return load_relaxed(e.code) != 0; }
+LOOM_HD LOOM_INLINE bool has_error(ErrorRecord const& e) {
+  return load_relaxed(e.code) != 0;
+}
 
 // Records the first error of a launch; later calls are ignored. Callable by any thread.
 LOOM_HD LOOM_INLINE void raise_error(ErrorRecord& e, ErrorCode code, Actor actor,

@@ -54,9 +54,8 @@ Graph GraphBuilder::build() const {
     EventId const e = tasks_[t].header.event;
     if (e != kNoEvent) {
       if (e >= n_events)
-        throw Error("loom: " + task_name(t, tasks_[t]) + " completes event " +
-                    std::to_string(e) + ", which does not exist (" + std::to_string(n_events) +
-                    " events)");
+        throw Error("loom: " + task_name(t, tasks_[t]) + " completes event " + std::to_string(e) +
+                    ", which does not exist (" + std::to_string(n_events) + " events)");
       completers[e].push_back(t);
     }
     std::vector<EventId> gates = gates_[t];
@@ -78,8 +77,8 @@ Graph GraphBuilder::build() const {
     std::size_t const n = completers[e].size();
     bool const dynamic = event_flags_[e] & EventDesc::kDynamicArrivals;
     if (n > expected_[e])
-      throw Error("loom: event " + std::to_string(e) + " expects " +
-                  std::to_string(expected_[e]) + " arrivals but " + std::to_string(n) +
+      throw Error("loom: event " + std::to_string(e) + " expects " + std::to_string(expected_[e]) +
+                  " arrivals but " + std::to_string(n) +
                   " tasks complete it; extra arrivals would corrupt the next launch");
     if (!dynamic && n < expected_[e]) {
       std::ostringstream os;

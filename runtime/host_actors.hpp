@@ -34,17 +34,11 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
     std::uint64_t const start = s.trace ? now_ns() : 0;
     ctx.set_task_type(task.header.type);
     if (!Pipeline::run_host(task, ctx) || has_error(*s.error)) return;
-    if (s.trace) {
-      std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
-      if (i < s.trace_capacity)
-        s.trace[i] = TraceRecord{start, now_ns(), me, task.header.type,
-                                 static_cast<std::uint16_t>(s.rank), task.header.id, 0};
-    }
+    record_trace(s, task, me, start);
     push_dog.reset();
     ++unreported;
     bool const may_keep = Policy::local_dispatch && unreported < kMaxReportCount;
-    if (!complete_task(s, task, epoch, who, push_dog, may_keep, ref))
-      return;
+    if (!complete_task(s, task, epoch, who, push_dog, may_keep, ref)) return;
   }
 }
 

@@ -6,7 +6,8 @@
 //     static constexpr unsigned shared_bytes = 0;     // dynamic shared memory it needs
 //     struct Payload { ... };                         // trivially copyable, <= 48 bytes
 //     static void host(Payload const&, loom::TaskContext&);               // CPU executor
-//     __device__ static void device(Payload const&, loom::TaskContext&);  // inside #ifdef __CUDACC__
+//     __device__ static void device(Payload const&, loom::TaskContext&);  // inside #ifdef
+//     __CUDACC__
 //   };
 //   using MyPipeline = loom::Pipeline<RowSoftmax, ...>;
 //
@@ -69,9 +70,8 @@ struct Pipeline {
     return encode_task(id<T>, payload, completes, id_, priority);
   }
   template <class T>
-  LOOM_HD static Task make_dynamic(typename T::Payload const& payload,
-                                   EventId completes = kNoEvent, std::uint32_t id_ = 0,
-                                   std::uint8_t priority = 0) {
+  LOOM_HD static Task make_dynamic(typename T::Payload const& payload, EventId completes = kNoEvent,
+                                   std::uint32_t id_ = 0, std::uint8_t priority = 0) {
     return encode_task(id<T>, payload, completes, id_, priority);
   }
 
@@ -113,10 +113,10 @@ struct Pipeline {
 
   template <std::size_t... I>
   static bool run_host_impl(Task const& task, TaskContext& ctx, std::index_sequence<I...>) {
-    bool const known = ((task.header.type == I
-                             ? (Types::host(task.as<typename Types::Payload>(), ctx), true)
-                             : false) ||
-                        ...);
+    bool const known =
+        ((task.header.type == I ? (Types::host(task.as<typename Types::Payload>(), ctx), true)
+                                : false) ||
+         ...);
     if (!known) ctx.report_unknown_type(task.header.type, size);
     return known;
   }
@@ -124,10 +124,10 @@ struct Pipeline {
   template <std::size_t... I>
   __device__ static bool run_device_impl(Task const& task, TaskContext& ctx,
                                          std::index_sequence<I...>) {
-    bool const known = ((task.header.type == I
-                             ? (Types::device(task.as<typename Types::Payload>(), ctx), true)
-                             : false) ||
-                        ...);
+    bool const known =
+        ((task.header.type == I ? (Types::device(task.as<typename Types::Payload>(), ctx), true)
+                                : false) ||
+         ...);
     if (!known) ctx.report_unknown_type(task.header.type, size);
     return known;
   }

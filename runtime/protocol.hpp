@@ -29,8 +29,8 @@ LOOM_HD LOOM_INLINE bool gate_opened(RuntimeState const& s, TaskId t, std::uint6
 // Released successors go to the ready queue in chunks under one ticket each. If `keep` is not
 // null, the first released successor is handed back in *keep instead (it was kStopRef on entry):
 // the caller runs it next itself (local dispatch) and it never passes through the scheduler.
-LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t epoch,
-                                WaiterId who, Watchdog& dog, TaskRef* keep = nullptr) {
+LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t epoch, WaiterId who,
+                                Watchdog& dog, TaskRef* keep = nullptr) {
   chaos_point();
   EventDesc const ev = s.graph.events[e];
   std::uint64_t const target = epoch * ev.expected;
@@ -52,28 +52,39 @@ LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t 
     }
     chunk[n++] = ready_entry(t, s.graph.tasks[t].header.priority);
     if (n == kPushChunk) {
-      if (!queue_push_chunk(s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
+      if (!queue_push_chunk(
+              s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
         return false;
       n = 0;
     }
   }
-  if (n != 0 && !queue_push_chunk(s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
+  if (n != 0 && !queue_push_chunk(
+                    s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
     return false;
   return true;
+}
+
+// Appends one task's trace record (when tracing is on; records past the capacity are dropped).
+LOOM_HD LOOM_INLINE void record_trace(RuntimeState const& s, Task const& task,
+                                      std::uint32_t processor, std::uint64_t start_ns) {
+  if (!s.trace) return;
+  std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
+  if (i < s.trace_capacity)
+    s.trace[i] = TraceRecord{start_ns,       now_ns(), processor, task.header.type,
+                             static_cast<std::uint16_t>(s.rank), task.header.id, 0};
 }
 
 // After a task: one beat of the heartbeat (fire-and-forget), then the arrival on its event. Local
 // dispatch (keep the first released successor and run it next) is offered only when the policy
 // allows it and the scheduler has handed out every task ever pushed to the ready queue, so a kept
 // successor overtakes no task that was already ready.
-LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task,
-                                       std::uint64_t epoch, WaiterId who, Watchdog& dog,
-                                       bool may_keep, TaskRef& keep) {
+LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, std::uint64_t epoch,
+                                       WaiterId who, Watchdog& dog, bool may_keep, TaskRef& keep) {
   keep = kStopRef;
   fetch_add_relaxed(s.counters->beat.value, std::uint64_t{1});
   if (task.header.event == kNoEvent) return true;
-  bool const local = may_keep && load_relaxed(*s.ready.tail) ==
-                                     load_relaxed(s.counters->drained_at.value);
+  bool const local =
+      may_keep && load_relaxed(*s.ready.tail) == load_relaxed(s.counters->drained_at.value);
   return arrive(s, task.header.event, epoch, who, dog, local ? &keep : nullptr);
 }
 
@@ -81,11 +92,10 @@ LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task,
 // bound; emitting past the bound is an error.
 LOOM_HD LOOM_INLINE bool emit_task(RuntimeState const& s, Task const& task, WaiterId who,
                                    Watchdog& dog) {
-  std::uint64_t const n =
-      fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{1});
+  std::uint64_t const n = fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{1});
   if (n >= s.graph.dynamic_bound) {
-    raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0,
-                0, s.graph.dynamic_bound, n + 1);
+    raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0, 0,
+                s.graph.dynamic_bound, n + 1);
     return false;
   }
   chaos_point();
@@ -103,8 +113,8 @@ LOOM_HD bool emit_tasks(RuntimeState const& s, std::uint32_t n, MakeFn make, Wai
   std::uint64_t const first =
       fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{n});
   if (first + n > s.graph.dynamic_bound) {
-    raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0,
-                0, s.graph.dynamic_bound, first + n);
+    raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0, 0,
+                s.graph.dynamic_bound, first + n);
     return false;
   }
   for (std::uint32_t i = 0; i < n; ++i) s.dynamic_tasks[first + i] = make(i);

@@ -9,12 +9,12 @@
 namespace loom {
 
 struct QueueView {
-  std::uint64_t* tail;  // next position a producer takes (fetch_add)
-  std::uint64_t* head;  // next position the consumer reads; written by the consumer only
-  std::uint64_t* seq;   // [capacity]
-  std::uint32_t* items; // [capacity]
+  std::uint64_t* tail;   // next position a producer takes (fetch_add)
+  std::uint64_t* head;   // next position the consumer reads; written by the consumer only
+  std::uint64_t* seq;    // [capacity]
+  std::uint32_t* items;  // [capacity]
   std::uint32_t capacity;
-  std::uint32_t id;     // named in overflow and watchdog errors
+  std::uint32_t id;  // named in overflow and watchdog errors
 };
 
 // Any thread. Waits (bounded) only when the consumer has fallen a full lap behind, which a queue

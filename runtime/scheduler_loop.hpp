@@ -46,8 +46,8 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
 
   ReadyList<Policy> ready(s);  // the roots are already in it
 
-  std::uint32_t idle = 0;        // processors waiting, ids in s.idle_list[0, idle)
-  std::uint64_t completed = 0;   // tasks reported done by processors
+  std::uint32_t idle = 0;       // processors waiting, ids in s.idle_list[0, idle)
+  std::uint64_t completed = 0;  // tasks reported done by processors
   std::uint64_t ready_pos = load_relaxed(*s.ready.head);
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   store_relaxed(c.drained_at.value, drained_at);

@@ -13,7 +13,7 @@ struct EventDesc {
   std::uint32_t expected;    // arrivals per launch
   std::uint32_t succ_begin;  // successors[succ_begin, succ_end) are static task ids
   std::uint32_t succ_end;
-  std::uint32_t flags;       // EventDesc::kDynamicArrivals, ...
+  std::uint32_t flags;  // EventDesc::kDynamicArrivals, ...
   static constexpr std::uint32_t kDynamicArrivals = 1u;
 };
 
@@ -34,7 +34,7 @@ struct GraphView {
   std::uint32_t task_count;
   std::uint32_t root_count;
   std::uint32_t event_count;
-  std::uint32_t dynamic_bound;  // most dynamic tasks one launch may emit
+  std::uint32_t dynamic_bound;            // most dynamic tasks one launch may emit
   std::uint32_t ring_roots[kReadyRings];  // roots laid out at the start of each ready ring
 };
 
@@ -45,14 +45,14 @@ struct alignas(128) Counter {
 };
 
 struct Counters {
-  Counter epoch;             // launch number, from 1; advanced by the scheduler as a launch ends
-  Counter stopped;           // = epoch once the scheduler has ended the launch
-  Counter dynamic_emitted;   // dynamic tasks emitted in this launch
-  Counter retired;           // dynamic-bound slack given back in this launch
-  Counter subscribers_in;    // subscribers that started this launch
-  Counter beat;              // tasks completed, ever: the launch's heartbeat
-  Counter drained_at;        // ready-queue position up to which every ready task has been handed
-                             // out, or kNotDrained while the scheduler holds ready tasks
+  Counter epoch;            // launch number, from 1; advanced by the scheduler as a launch ends
+  Counter stopped;          // = epoch once the scheduler has ended the launch
+  Counter dynamic_emitted;  // dynamic tasks emitted in this launch
+  Counter retired;          // dynamic-bound slack given back in this launch
+  Counter subscribers_in;   // subscribers that started this launch
+  Counter beat;             // tasks completed, ever: the launch's heartbeat
+  Counter drained_at;       // ready-queue position up to which every ready task has been handed
+                            // out, or kNotDrained while the scheduler holds ready tasks
 };
 inline constexpr std::uint64_t kNotDrained = ~std::uint64_t{0};
 
@@ -72,13 +72,13 @@ struct RuntimeState {
   std::uint64_t* gate_arrivals;   // [task_count] monotonic, for tasks with gate_count > 1
   Task* dynamic_tasks;            // [dynamic_bound]
   Counters* counters;
-  QueueView ready;                // entries: level << 30 | ref
-  QueueView idle;                 // entries: idle_report(processor, completed)
-  Doorbell* doorbells;            // [processors]
-  std::uint32_t* ready_list;      // scheduler-private: [kReadyRings][task capacity], roots first
-  std::uint32_t* idle_list;       // scheduler-private storage: [processors]
+  QueueView ready;            // entries: level << 30 | ref
+  QueueView idle;             // entries: idle_report(processor, completed)
+  Doorbell* doorbells;        // [processors]
+  std::uint32_t* ready_list;  // scheduler-private: [kReadyRings][task capacity], roots first
+  std::uint32_t* idle_list;   // scheduler-private storage: [processors]
   ErrorRecord* error;
-  TraceRecord* trace;             // null when tracing is off
+  TraceRecord* trace;  // null when tracing is off
   std::uint64_t* trace_count;
   std::uint32_t trace_capacity;
   std::uint32_t processors;

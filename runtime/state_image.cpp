@@ -80,12 +80,14 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
   s.ready = QueueView{reinterpret_cast<std::uint64_t*>(at(ready_tail_)),
                       reinterpret_cast<std::uint64_t*>(at(ready_head_)),
                       reinterpret_cast<std::uint64_t*>(at(ready_seq_)),
-                      reinterpret_cast<std::uint32_t*>(at(ready_items_)), queue_capacity,
+                      reinterpret_cast<std::uint32_t*>(at(ready_items_)),
+                      queue_capacity,
                       kReadyQueueId};
   s.idle = QueueView{reinterpret_cast<std::uint64_t*>(at(idle_tail_)),
                      reinterpret_cast<std::uint64_t*>(at(idle_head_)),
                      reinterpret_cast<std::uint64_t*>(at(idle_seq_)),
-                     reinterpret_cast<std::uint32_t*>(at(idle_items_)), options_.processors,
+                     reinterpret_cast<std::uint32_t*>(at(idle_items_)),
+                     options_.processors,
                      kIdleQueueId};
   s.doorbells = reinterpret_cast<Doorbell*>(at(doorbells_));
   s.ready_list = reinterpret_cast<std::uint32_t*>(at(ready_list_));

@@ -50,8 +50,7 @@ struct SymmetricView {
   }
 
   // Acquire-load of a local flag; true once it reaches `at_least`.
-  LOOM_HD LOOM_INLINE static bool arrived(std::uint64_t const* flag_local,
-                                          std::uint64_t at_least) {
+  LOOM_HD LOOM_INLINE static bool arrived(std::uint64_t const* flag_local, std::uint64_t at_least) {
     return load_acquire<std::uint64_t, cuda::thread_scope_system>(*flag_local) >= at_least;
   }
 

@@ -23,13 +23,15 @@ Region SymmetricLayout::find(std::string const& name) const {
   throw Error("loom: no symmetric region named '" + name + "'");
 }
 
-void HostSymmetricHeap::Free::operator()(unsigned char* p) const { std::free(p); }
+void HostSymmetricHeap::Free::operator()(unsigned char* p) const {
+  std::free(p);
+}
 
 HostSymmetricHeap::HostSymmetricHeap(SymmetricLayout const& layout, std::uint32_t world)
     : world_(world), bytes_(layout.bytes()) {
   if (world == 0 || world > kMaxRanks)
-    throw Error("loom: a symmetric heap spans 1 to " + std::to_string(kMaxRanks) +
-                " ranks, not " + std::to_string(world));
+    throw Error("loom: a symmetric heap spans 1 to " + std::to_string(kMaxRanks) + " ranks, not " +
+                std::to_string(world));
   std::uint64_t const size = (bytes_ + 4095) / 4096 * 4096 + 4096;
   for (std::uint32_t r = 0; r < world; ++r) {
     auto* p = static_cast<unsigned char*>(std::aligned_alloc(4096, size));

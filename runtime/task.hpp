@@ -10,12 +10,12 @@
 namespace loom {
 
 struct TaskHeader {
-  std::uint16_t type;      // index of the task type in the pipeline's list
-  std::uint8_t flags;      // reserved for task types; the runtime does not read it
-  std::uint8_t priority;   // scheduling level for the priority policy (higher runs first)
-  std::uint32_t id;        // user-visible id (graph task id, or whatever the emitter chooses)
-  EventId event;           // event this task completes, or kNoEvent
-  std::uint32_t aux;       // free for the task type (e.g. a tile index)
+  std::uint16_t type;     // index of the task type in the pipeline's list
+  std::uint8_t flags;     // reserved for task types; the runtime does not read it
+  std::uint8_t priority;  // scheduling level for the priority policy (higher runs first)
+  std::uint32_t id;       // user-visible id (graph task id, or whatever the emitter chooses)
+  EventId event;          // event this task completes, or kNoEvent
+  std::uint32_t aux;      // free for the task type (e.g. a tile index)
 };
 static_assert(sizeof(TaskHeader) == 16);
 

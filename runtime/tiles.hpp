@@ -23,8 +23,8 @@ struct TileGrid {
 
   LOOM_HD constexpr Tile tile(std::uint32_t row_tile, std::uint32_t col_tile) const {
     std::uint32_t const r0 = row_tile * tile_rows, c0 = col_tile * tile_cols;
-    return Tile{row_tile, col_tile, r0, c0, std::min(tile_rows, rows - r0),
-                std::min(tile_cols, cols - c0)};
+    return Tile{
+        row_tile, col_tile, r0, c0, std::min(tile_rows, rows - r0), std::min(tile_cols, cols - c0)};
   }
   // Row-major tile index.
   LOOM_HD constexpr Tile at(std::uint32_t index) const {

@@ -24,8 +24,8 @@ std::string chrome_trace_json(std::vector<TraceRecord> const& records,
         r.type < type_count ? type_names[r.type] : "type " + std::to_string(r.type);
     os << "\n{\"name\":\"" << name << "\",\"cat\":\"task\",\"ph\":\"X\",\"pid\":" << r.rank
        << ",\"tid\":" << r.processor << ",\"ts\":" << (r.start_ns - origin) / 1000.0
-       << ",\"dur\":" << (r.end_ns - r.start_ns) / 1000.0 << ",\"args\":{\"task_id\":"
-       << r.task_id << "}}";
+       << ",\"dur\":" << (r.end_ns - r.start_ns) / 1000.0 << ",\"args\":{\"task_id\":" << r.task_id
+       << "}}";
   }
   os << "\n]}\n";
   return os.str();

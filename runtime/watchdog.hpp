@@ -36,7 +36,11 @@ class Watchdog {
  public:
   LOOM_HD Watchdog(ErrorRecord& errors, WaiterId who, std::uint64_t limit_ns, WaitSite site,
                    std::uint32_t object)
-      : errors_(errors), who_(who), limit_ns_(limit_ns), site_(site), object_(object),
+      : errors_(errors),
+        who_(who),
+        limit_ns_(limit_ns),
+        site_(site),
+        object_(object),
         start_(now_ns()) {}
 
   // Call once per unsuccessful poll. Returns false when the wait must end: another actor

@@ -38,8 +38,8 @@ struct Inputs {
 };
 
 struct Outcome {
-  std::vector<float> y;           // [m][n] after the last launch
-  std::vector<double> launch_ms;  // one per launch
+  std::vector<float> y;                  // [m][n] after the last launch
+  std::vector<double> launch_ms;         // one per launch
   std::vector<loom::TraceRecord> trace;  // the last launch's tasks, when tracing
 };
 
@@ -140,8 +140,7 @@ bool gpu_available() {
   return false;
 }
 
-Outcome run_on_gpu(FusedMlpProblem const&, Inputs const&, unsigned, loom::SchedulingPolicy,
-                   bool) {
+Outcome run_on_gpu(FusedMlpProblem const&, Inputs const&, unsigned, loom::SchedulingPolicy, bool) {
   throw loom::Error("GPU backend not built");
 }
 #endif

@@ -1,11 +1,10 @@
-#include "moe/cli/floor.hpp"
-
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "moe/cli/floor.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 
 namespace loom::moe {
@@ -63,9 +62,9 @@ Ceilings measure_ceilings() {
   check_cublas(cublasCreate(&handle), "cublasCreate");
   float const one = 1.0f, zero = 0.0f;
   double const gemm_s = median_seconds(10, [&] {
-    check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a.get(),
-                              CUDA_R_16BF, n, b.get(), CUDA_R_16BF, n, &zero, out.get(),
-                              CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a.get(), CUDA_R_16BF,
+                              n, b.get(), CUDA_R_16BF, n, &zero, out.get(), CUDA_R_16BF, n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   });
   cublasDestroy(handle);

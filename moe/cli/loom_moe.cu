@@ -1,9 +1,8 @@
 // loom-moe: runs the fused MoE layer on the GPU (one persistent launch per call) or on the CPU
 // executor, checks it against the float64 reference, and reports latency, throughput and the
 // distance to the floor.
-#include <boost/program_options.hpp>
-
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -83,8 +82,8 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
   LOOM_CUDA(cudaGetDevice(&dev));
   LOOM_CUDA(cudaGetDeviceProperties(&prop, dev));
   Run r;
-  r.device = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) +
-             " SMs, " + std::to_string(layer.executor().processors()) + " processors)";
+  r.device = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) + " SMs, " +
+             std::to_string(layer.executor().processors()) + " processors)";
   loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
   cudaEvent_t a, b;
   LOOM_CUDA(cudaEventCreate(&a));
@@ -211,8 +210,8 @@ int main(int argc, char** argv) {
     double floor_ms = 0;
     if (backend == "cuda") {
       Ceilings const ceil = measure_ceilings();
-      floor_ms = 1e3 * std::max(flops / ceil.tensor_flops_per_s,
-                                weight_bytes / ceil.memory_bytes_per_s);
+      floor_ms =
+          1e3 * std::max(flops / ceil.tensor_flops_per_s, weight_bytes / ceil.memory_bytes_per_s);
       std::printf(
           "floor: %.3f ms = max(%.1f GFLOP / %.0f TFLOP/s cuBLAS bf16, %.1f MB expert weights "
           "hit / %.0f GB/s copy); latency / floor = %.2f\n",
@@ -225,8 +224,8 @@ int main(int argc, char** argv) {
     if (check) {
       std::uint32_t const n = std::min(check_tokens, tokens);
       std::vector<std::uint32_t> sample(n);
-      for (std::uint32_t i = 0; i < n; ++i) sample[i] = static_cast<std::uint32_t>(
-                                               std::uint64_t{i} * tokens / n);
+      for (std::uint32_t i = 0; i < n; ++i)
+        sample[i] = static_cast<std::uint32_t>(std::uint64_t{i} * tokens / n);
       std::vector<bf16> xs, outs;
       std::vector<std::int32_t> ids;
       std::vector<float> wts;
@@ -255,10 +254,11 @@ int main(int argc, char** argv) {
     }
     if (!json_path.empty()) {
       std::ofstream j(json_path);
-      j << "{\"backend\":\"" << backend << "\",\"device\":\"" << r.device << "\",\"tokens\":"
-        << tokens << ",\"hidden\":" << c.hidden << ",\"ffn\":" << c.ffn << ",\"experts\":"
-        << c.experts << ",\"top_k\":" << c.top_k << ",\"activation\":\"" << to_string(c.activation)
-        << "\",\"median_ms\":" << ms << ",\"tokens_per_s\":" << tokens / (ms * 1e-3)
+      j << "{\"backend\":\"" << backend << "\",\"device\":\"" << r.device
+        << "\",\"tokens\":" << tokens << ",\"hidden\":" << c.hidden << ",\"ffn\":" << c.ffn
+        << ",\"experts\":" << c.experts << ",\"top_k\":" << c.top_k << ",\"activation\":\""
+        << to_string(c.activation) << "\",\"median_ms\":" << ms
+        << ",\"tokens_per_s\":" << tokens / (ms * 1e-3)
         << ",\"tflops\":" << flops / (ms * 1e-3) / 1e12 << ",\"floor_ms\":" << floor_ms
         << ",\"relative_error\":" << error << "}\n";
       if (!j) throw loom::Error("loom: cannot write " + json_path);

@@ -17,9 +17,8 @@ int cuda_device_count();
 
 }  // namespace loom
 
-#define LOOM_CUDA(call)                                                     \
-  do {                                                                      \
-    cudaError_t const loom_err_ = (call);                                   \
-    if (loom_err_ != cudaSuccess)                                           \
-      ::loom::throw_cuda_error(loom_err_, #call, __FILE__, __LINE__);       \
+#define LOOM_CUDA(call)                                                                           \
+  do {                                                                                            \
+    cudaError_t const loom_err_ = (call);                                                         \
+    if (loom_err_ != cudaSuccess) ::loom::throw_cuda_error(loom_err_, #call, __FILE__, __LINE__); \
   } while (0)

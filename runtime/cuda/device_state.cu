@@ -1,6 +1,6 @@
-#include "runtime/cuda/device_state.hpp"
-
 #include <algorithm>
+
+#include "runtime/cuda/device_state.hpp"
 
 namespace loom {
 
@@ -20,7 +20,9 @@ int cuda_device_count() {
 }
 
 DeviceState::DeviceState(Graph graph, StateOptions const& options)
-    : graph_(std::move(graph)), layout_(graph_, options), image_(layout_.bytes()),
+    : graph_(std::move(graph)),
+      layout_(graph_, options),
+      image_(layout_.bytes()),
       arena_(layout_.bytes()) {
   layout_.initialize(image_.data());
   state_ = layout_.bind(arena_.get());
@@ -34,8 +36,8 @@ void DeviceState::reinitialize_after_failure() {
 
 ErrorRecord DeviceState::read_error() const {
   ErrorRecord e{};
-  LOOM_CUDA(cudaMemcpy(&e, arena_.get() + layout_.error_offset(), sizeof(e),
-                       cudaMemcpyDeviceToHost));
+  LOOM_CUDA(
+      cudaMemcpy(&e, arena_.get() + layout_.error_offset(), sizeof(e), cudaMemcpyDeviceToHost));
   return e;
 }
 

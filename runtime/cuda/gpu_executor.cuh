@@ -26,10 +26,10 @@ struct GpuOptions {
 };
 
 struct GpuLaunchShape {
-  std::uint32_t grid;             // processors + 1
-  std::uint32_t threads;          // per block
-  std::uint32_t shared_bytes;     // dynamic, per block
-  std::uint32_t blocks_per_sm;    // from the occupancy API
+  std::uint32_t grid;           // processors + 1
+  std::uint32_t threads;        // per block
+  std::uint32_t shared_bytes;   // dynamic, per block
+  std::uint32_t blocks_per_sm;  // from the occupancy API
   std::uint32_t sm_count;
 };
 
@@ -38,7 +38,10 @@ class GpuExecutor {
  public:
   explicit GpuExecutor(Graph graph, GpuOptions options = {}, Decoder decoder = {},
                        SymmetricView heap = {})
-      : options_(options), decoder_(decoder), heap_(heap), shape_(plan(options)),
+      : options_(options),
+        decoder_(decoder),
+        heap_(heap),
+        shape_(plan(options)),
         state_(std::move(graph), state_options(options, shape_)) {}
 
   GpuLaunchShape const& shape() const { return shape_; }
@@ -75,8 +78,10 @@ class GpuExecutor {
 
   static GpuLaunchShape plan(GpuOptions const& options) {
     int device = options.device;
-    if (device < 0) LOOM_CUDA(cudaGetDevice(&device));
-    else LOOM_CUDA(cudaSetDevice(device));
+    if (device < 0)
+      LOOM_CUDA(cudaGetDevice(&device));
+    else
+      LOOM_CUDA(cudaSetDevice(device));
     cudaDeviceProp prop{};
     LOOM_CUDA(cudaGetDeviceProperties(&prop, device));
     if (!prop.cooperativeLaunch)
@@ -101,8 +106,8 @@ class GpuExecutor {
         LOOM_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(shape.shared_bytes)));
       int n = 0;
-      LOOM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, static_cast<int>(shape.threads),
-                                                              shape.shared_bytes));
+      LOOM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &n, k, static_cast<int>(shape.threads), shape.shared_bytes));
       per_sm = std::min(per_sm, static_cast<std::uint32_t>(n));
     }
     if (per_sm == 0)
@@ -110,13 +115,14 @@ class GpuExecutor {
                   std::to_string(shape.threads) + " threads with " +
                   std::to_string(shape.shared_bytes) + " bytes of shared memory does not fit on " +
                   prop.name);
-    shape.blocks_per_sm = options.blocks_per_sm == 0 ? per_sm : std::min(per_sm, options.blocks_per_sm);
+    shape.blocks_per_sm =
+        options.blocks_per_sm == 0 ? per_sm : std::min(per_sm, options.blocks_per_sm);
     shape.grid = shape.blocks_per_sm * shape.sm_count;
-    if (options.max_processors != 0)
-      shape.grid = std::min(shape.grid, options.max_processors + 1);
+    if (options.max_processors != 0) shape.grid = std::min(shape.grid, options.max_processors + 1);
     if (shape.grid < 2)
-      throw Error("loom: the persistent kernel needs at least two resident blocks (one "
-                  "processor and the OS block)");
+      throw Error(
+          "loom: the persistent kernel needs at least two resident blocks (one "
+          "processor and the OS block)");
     return shape;
   }
 

@@ -4,8 +4,8 @@
 // file only maps actors onto blocks, warps and shared memory.
 #pragma once
 
-#include "runtime/host_actors.hpp"
 #include "runtime/cuda/scheduler_warp.cuh"
+#include "runtime/host_actors.hpp"
 
 namespace loom {
 
@@ -59,12 +59,7 @@ __device__ void run_processor_block(RuntimeState const& s, SymmetricView const& 
     __syncthreads();
     if (threadIdx.x == 0) {
       Task const& task = sh.task;
-      if (s.trace) {
-        std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
-        if (i < s.trace_capacity)
-          s.trace[i] = TraceRecord{start, now_ns(), me, task.header.type,
-                                   static_cast<std::uint16_t>(s.rank), task.header.id, 0};
-      }
+      record_trace(s, task, me, start);
       push_dog.reset();
       ++unreported;
       bool const may_keep = Policy::local_dispatch && unreported < kMaxReportCount;

@@ -11,8 +11,12 @@ namespace loom {
 
 namespace warp {
 
-__device__ __forceinline__ unsigned lane_id() { return threadIdx.x % 32; }
-__device__ __forceinline__ unsigned lanes_below() { return (1u << lane_id()) - 1u; }
+__device__ __forceinline__ unsigned lane_id() {
+  return threadIdx.x % 32;
+}
+__device__ __forceinline__ unsigned lanes_below() {
+  return (1u << lane_id()) - 1u;
+}
 
 __device__ __forceinline__ void fence_acquire() {
   cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
@@ -120,8 +124,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
   std::uint64_t idle_head = load_relaxed(*s.idle.head);
-  std::uint32_t idle = 0;       // processors waiting: ids in s.idle_list[0, idle)
-  std::uint64_t completed = 0;  // tasks reported done
+  std::uint32_t idle = 0;                  // processors waiting: ids in s.idle_list[0, idle)
+  std::uint64_t completed = 0;             // tasks reported done
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   if (lane == 0) store_relaxed(c.drained_at.value, drained_at);
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
@@ -137,7 +141,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     for (std::uint32_t n; (n = warp::pop_batch(s.idle, idle_head, entry)) != 0;) {
       bool const mine = lane < n;
       std::uint32_t done = mine ? entry >> kReportCountShift : 0;
-      for (int offset = 16; offset > 0; offset /= 2) done += __shfl_xor_sync(0xFFFFFFFFu, done, offset);
+      for (int offset = 16; offset > 0; offset /= 2)
+        done += __shfl_xor_sync(0xFFFFFFFFu, done, offset);
       completed += done;
       if (mine) s.idle_list[idle + lane] = entry & (kMaxProcessors - 1);
       idle += n;
@@ -146,8 +151,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     __syncwarp();
     while (idle > 0 && ready.size() > 0) {
       std::uint64_t const r = ready.size();
-      std::uint32_t const n = static_cast<std::uint32_t>(
-          (idle < r ? idle : r) < 32 ? (idle < r ? idle : r) : 32);
+      std::uint32_t const n =
+          static_cast<std::uint32_t>((idle < r ? idle : r) < 32 ? (idle < r ? idle : r) : 32);
       TaskRef const ref = ready.take(n);
       std::uint32_t const proc = lane < n ? s.idle_list[idle - 1 - lane] : 0;
       warp::fence_release();  // one release for the whole batch of rings

@@ -29,7 +29,9 @@ std::vector<bf16> poisoned(std::size_t n) {
   return std::vector<bf16>(n, __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
 }
 
-std::uint64_t fresh_seed() { return std::random_device{}(); }
+std::uint64_t fresh_seed() {
+  return std::random_device{}();
+}
 
 struct Case {
   Activation act;
@@ -85,10 +87,11 @@ TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
     std::vector<std::int32_t> ids(tokens * 2);
     std::vector<float> wts(tokens * 2);
     for (std::uint32_t t = 0; t < tokens; ++t) {
-      if (pattern == 0) ids[2 * t] = 3, ids[2 * t + 1] = -1;          // one hot expert
-      if (pattern == 1) ids[2 * t] = 5, ids[2 * t + 1] = 6;           // two experts, six empty
-      if (pattern == 2) ids[2 * t] = t % 3 == 0 ? -1 : int(t % 8),    // gaps and -1
-                        ids[2 * t + 1] = t % 5 == 0 ? -1 : int((t + 3) % 8);
+      if (pattern == 0) ids[2 * t] = 3, ids[2 * t + 1] = -1;  // one hot expert
+      if (pattern == 1) ids[2 * t] = 5, ids[2 * t + 1] = 6;   // two experts, six empty
+      if (pattern == 2)
+        ids[2 * t] = t % 3 == 0 ? -1 : int(t % 8),  // gaps and -1
+            ids[2 * t + 1] = t % 5 == 0 ? -1 : int((t + 3) % 8);
       wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
     }
     auto out = poisoned(std::size_t{tokens} * c.hidden);

@@ -46,10 +46,9 @@ TEST_P(GpuFusedMlp, MatchesFloat64Reference) {
   loom::DeviceBuffer<float> hidden(std::size_t{p.m} * p.h), y(std::size_t{p.m} * p.n);
   loom::GpuOptions options;
   options.policy = GetParam().policy;
-  loom::GpuExecutor<MlpPipeline> ex(
-      loom::examples::build_fused_mlp_graph<MlpPipeline>(p, dx.get(), dw1.get(), dw2.get(),
-                                                         hidden.get(), y.get()),
-      options);
+  loom::GpuExecutor<MlpPipeline> ex(loom::examples::build_fused_mlp_graph<MlpPipeline>(
+                                        p, dx.get(), dw1.get(), dw2.get(), hidden.get(), y.get()),
+                                    options);
   for (int launch = 0; launch < 3; ++launch) {
     hidden.fill_bytes(0xFF);  // NaN: an unwritten tile or a read before write shows
     y.fill_bytes(0xFF);
@@ -85,8 +84,8 @@ TEST(GpuRowSoftmax, MatchesFloat64Reference) {
   unsigned const seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  for (auto [rows, cols, block] : {std::tuple{1000u, 777u, 16u}, std::tuple{37u, 4096u, 5u},
-                                   std::tuple{513u, 1u, 64u}}) {
+  for (auto [rows, cols, block] :
+       {std::tuple{1000u, 777u, 16u}, std::tuple{37u, 4096u, 5u}, std::tuple{513u, 1u, 64u}}) {
     auto const in = random_vector(std::size_t{rows} * cols, rng, 60.0f);
     std::vector<double> ref(in.size());
     for (std::uint32_t r = 0; r < rows; ++r) {
@@ -102,7 +101,10 @@ TEST(GpuRowSoftmax, MatchesFloat64Reference) {
     for (std::uint32_t r0 = 0; r0 < rows; r0 += block) {
       loom::examples::RowSoftmax::Payload pl{din.get() + std::size_t{r0} * cols,
                                              dout.get() + std::size_t{r0} * cols,
-                                             std::min(block, rows - r0), cols, cols, cols};
+                                             std::min(block, rows - r0),
+                                             cols,
+                                             cols,
+                                             cols};
       b.add_task(SoftmaxPipeline::make<loom::examples::RowSoftmax>(pl));
     }
     loom::GpuExecutor<SoftmaxPipeline> ex(b.build());

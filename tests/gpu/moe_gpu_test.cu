@@ -54,9 +54,11 @@ TEST_P(GpuMoE, FusedRouterMatchesFloat64Reference) {
     std::uint32_t routed = 0;
     for (auto n : layer.expert_tokens()) routed += n;
     EXPECT_EQ(routed, tokens * c.top_k);
-    if (call == 0) first = out;
-    else EXPECT_EQ(0, std::memcmp(first.data(), out.data(), out.size() * sizeof(bf16)))
-        << "call " << call << " is not bitwise identical to the first";
+    if (call == 0)
+      first = out;
+    else
+      EXPECT_EQ(0, std::memcmp(first.data(), out.data(), out.size() * sizeof(bf16)))
+          << "call " << call << " is not bitwise identical to the first";
   }
 }
 
@@ -85,11 +87,12 @@ TEST(GpuMoE, SkewedCallerRoutingMatchesReference) {
     std::vector<std::int32_t> ids(tokens * 2);
     std::vector<float> wts(tokens * 2);
     for (std::uint32_t t = 0; t < tokens; ++t) {
-      if (pattern == 0) ids[2 * t] = 3, ids[2 * t + 1] = -1;         // one hot expert
-      if (pattern == 1) ids[2 * t] = 5, ids[2 * t + 1] = 6;          // six experts empty
-      if (pattern == 2) ids[2 * t] = t % 3 == 0 ? -1 : int(t % 8),   // gaps and -1
-                        ids[2 * t + 1] = t % 5 == 0 ? -1 : int((t + 3) % 8);
-      if (pattern == 3) ids[2 * t] = -1, ids[2 * t + 1] = -1;        // nothing routed
+      if (pattern == 0) ids[2 * t] = 3, ids[2 * t + 1] = -1;  // one hot expert
+      if (pattern == 1) ids[2 * t] = 5, ids[2 * t + 1] = 6;   // six experts empty
+      if (pattern == 2)
+        ids[2 * t] = t % 3 == 0 ? -1 : int(t % 8),  // gaps and -1
+            ids[2 * t + 1] = t % 5 == 0 ? -1 : int((t + 3) % 8);
+      if (pattern == 3) ids[2 * t] = -1, ids[2 * t + 1] = -1;  // nothing routed
       wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
     }
     loom::DeviceBuffer<std::int32_t> dids(ids);
@@ -183,8 +186,8 @@ TEST(GpuMoE, CallsReplayFromACudaGraph) {
     LOOM_CUDA(cudaGraphLaunch(exec, stream));
     layer.check(stream);
   }
-  auto const ref = reference_moe(c, w, x.data(), 200, layer.topk_ids().data(),
-                                 layer.topk_weights().data());
+  auto const ref =
+      reference_moe(c, w, x.data(), 200, layer.topk_ids().data(), layer.topk_weights().data());
   EXPECT_LT(relative_error(dout.download(), ref), 1e-2);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

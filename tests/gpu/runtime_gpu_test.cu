@@ -24,7 +24,7 @@ struct Stamp {
   static constexpr unsigned threads = 128;
   static constexpr unsigned shared_bytes = 0;
   struct Payload {
-    unsigned long long* clock;  // global ticket counter
+    unsigned long long* clock;   // global ticket counter
     unsigned long long* starts;  // [tasks]
     unsigned long long* ends;    // [tasks]
     std::uint32_t index;
@@ -86,8 +86,7 @@ using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn, Check>;
 using HugePipeline = loom::Pipeline<Huge>;
 
 __device__ void Check::device(Payload const& p, TaskContext& ctx) {
-  if (threadIdx.x == 0 && p.value != p.want)
-    ctx.fail(__LINE__, p.value, p.want);
+  if (threadIdx.x == 0 && p.value != p.want) ctx.fail(__LINE__, p.value, p.want);
 }
 
 __device__ void Spawn::device(Payload const& p, TaskContext& ctx) {
@@ -128,8 +127,10 @@ TEST(GpuRuntime, ChainRunsInOrder) {
   EventId prev = loom::kNoEvent;
   for (std::uint32_t i = 0; i < n; ++i) {
     EventId const e = b.add_event(1);
-    if (prev == loom::kNoEvent) b.add_task(TestPipeline::make<Stamp>(st.payload(i), e));
-    else b.add_task(TestPipeline::make<Stamp>(st.payload(i), e), {prev});
+    if (prev == loom::kNoEvent)
+      b.add_task(TestPipeline::make<Stamp>(st.payload(i), e));
+    else
+      b.add_task(TestPipeline::make<Stamp>(st.payload(i), e), {prev});
     prev = e;
   }
   loom::GpuExecutor<TestPipeline> ex(b.build());
@@ -185,7 +186,8 @@ TEST(GpuRuntime, ThousandsOfLaunchesReuseTheStateWithoutReset) {
   Stamps st(width + 1);
   GraphBuilder b;
   EventId const all = b.add_event(width);
-  for (std::uint32_t i = 0; i < width; ++i) b.add_task(TestPipeline::make<Stamp>(st.payload(i), all));
+  for (std::uint32_t i = 0; i < width; ++i)
+    b.add_task(TestPipeline::make<Stamp>(st.payload(i), all));
   b.add_task(TestPipeline::make<Stamp>(st.payload(width)), {all});
   loom::GpuExecutor<TestPipeline> ex(b.build());
   constexpr int launches = 10000;
@@ -349,7 +351,8 @@ TEST(GpuRuntime, TraceRecordsEveryTask) {
   LOOM_REQUIRE_GPU();
   GraphBuilder b;
   constexpr std::uint32_t n = 1000;
-  for (std::uint32_t i = 0; i < n; ++i) b.add_task(TestPipeline::make<loom::tasks::Empty>({0}, loom::kNoEvent, i));
+  for (std::uint32_t i = 0; i < n; ++i)
+    b.add_task(TestPipeline::make<loom::tasks::Empty>({0}, loom::kNoEvent, i));
   loom::GpuOptions o;
   o.trace_capacity = 2 * n;
   loom::GpuExecutor<TestPipeline> ex(b.build(), o);
