@@ -1,0 +1,82 @@
+// Host: picks a GEMM's tile configuration from its shape and the device, by a small cost model in
+// plain arithmetic (every constant below is a measured or datasheet figure, named and commented;
+// docs/gemm.md has the measurements).
+//
+// For each candidate tile (128x256, 128x128, 64x256, 128x64, 64x128) and split-K factor:
+//   k-block time = max(MMA time, time to fill the stage from L2)        one SM, one 64-deep K block
+//   task time    = max(k blocks x k-block time, B bytes / one SM's HBM stream rate) + overhead
+//                  (+ writing and re-reading fp32 partial tiles when split)
+//   raw          = ceil(tasks / processors) x task time                 waves of tasks
+//   score        = max(raw, HBM floor) + 0.1 raw
+// HBM floor = (A + B + C bytes) / HBM bandwidth: no tiling beats it, so among configurations under
+// it the lower raw time (more SMs streaming, fewer waves) wins the tie. Small-M problems thus get
+// narrow N tiles and split-K instead of leaving most SMs idle; large ones get 128x256 tiles. The
+// pipeline depth is the most stages of the chosen tile that fit the 192 KB stage area.
+#pragma once
+
+#include <cmath>
+
+#include "tasks/gemm/config.hpp"
+
+namespace loom::tasks::gemm {
+
+struct GemmShape {
+  std::uint32_t m = 0;  // rows of A the GEMM covers (all its tiles)
+  std::uint32_t n = 0;  // columns of B (before a swiglu halving)
+  std::uint32_t k = 0;
+  std::uint32_t out_bytes = 2;
+};
+
+struct GemmDeviceModel {
+  std::uint32_t processors = 131;         // persistent-kernel processor blocks (SMs - 1)
+  double mma_flops_per_us = 6.0e6;        // one SM, bf16 dense: ~800 TFLOP/s / 132 (H100, H200)
+  double l2_bytes_per_us = 1.0e5;         // one SM filling shared memory from L2: ~100 GB/s
+  double hbm_bytes_per_us = 3.0e6;        // the whole GPU: 3.0 TB/s (H100 D2D copy; H200 ~4.3)
+  double sm_stream_bytes_per_us = 5.0e4;  // one SM streaming from HBM: ~50 GB/s
+  double task_overhead_us = 2.0;          // pipeline fill + epilogue per task (dispatch excluded)
+  std::uint32_t max_block_n = 256;        // widest tile to consider (256 needs setmaxnreg)
+};
+
+inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& dev = {},
+                                     MmaPath path = MmaPath::wgmma) {
+  struct Tile {
+    std::uint16_t m, n;
+  };
+  constexpr Tile kTiles[] = {{128, 256}, {128, 128}, {64, 256}, {128, 64}, {64, 128}};
+  std::uint32_t const k_blocks = (s.k + kBlockK - 1) / kBlockK;
+  double const floor_us =
+      (2.0 * (double(s.m) * s.k + double(s.n) * s.k) + double(s.m) * s.n * s.out_bytes) /
+      dev.hbm_bytes_per_us;
+  GemmConfig best{};
+  double best_score = INFINITY;
+  for (Tile const t : kTiles) {
+    if (t.n > dev.max_block_n) continue;
+    double const m_tiles = std::ceil(double(s.m) / t.m), n_tiles = std::ceil(double(s.n) / t.n);
+    double const rows_computed = t.m == 128 && s.m <= 64 ? 64.0 : t.m;  // idle warpgroup skips
+    double const mma_us = 2.0 * rows_computed * t.n * kBlockK / dev.mma_flops_per_us;
+    double const fill_us = double(t.m + t.n) * kRowBytes / dev.l2_bytes_per_us;
+    double const k_block_us = mma_us > fill_us ? mma_us : fill_us;
+    for (std::uint32_t splits = 1; splits <= kMaxSplits && splits <= k_blocks; ++splits) {
+      std::uint32_t const per = split_k_blocks_per(k_blocks, splits);
+      if ((splits - 1) * per >= k_blocks) continue;  // the last split would be empty
+      double const stream_us = double(t.n) * per * kRowBytes / dev.sm_stream_bytes_per_us;
+      double task_us =
+          (per * k_block_us > stream_us ? per * k_block_us : stream_us) + dev.task_overhead_us;
+      if (splits > 1) task_us += (1.0 + splits) * t.m * t.n * 4.0 / dev.l2_bytes_per_us;
+      double const tasks = m_tiles * n_tiles * splits;
+      double const raw = std::ceil(tasks / dev.processors) * task_us;
+      double const score = (raw > floor_us ? raw : floor_us) + 0.1 * raw;
+      if (score < best_score) {
+        best_score = score;
+        best.block_m = t.m;
+        best.block_n = t.n;
+        best.splits = static_cast<std::uint8_t>(splits);
+      }
+    }
+  }
+  best.path = path;
+  best.stages = static_cast<std::uint8_t>(best.max_stages());
+  return best;
+}
+
+}  // namespace loom::tasks::gemm

@@ -1,0 +1,97 @@
+// TMA tile loads and the mbarriers they complete on, as thin named wrappers over libcu++'s
+// cuda::ptx (plus the one instruction it lacks, mbarrier.inval). sm_90.
+//
+// Contracts:
+// - a tensor map may live in global memory (64-byte aligned, written before the launch); the
+//   generic address of it is what the copy takes;
+// - a bulk tensor copy always writes its whole box to shared memory (out-of-bounds elements as
+//   zeros) and always completes box-size bytes on the mbarrier, so expect_tx counts full boxes;
+// - the destination of a 128-byte-swizzled box must be 1024-byte aligned.
+#pragma once
+
+#if defined(__CUDACC__)
+
+#include <cstdint>
+#include <cuda/ptx>
+
+#include "runtime/config.hpp"
+
+namespace loom::tasks::gemm::ptx {
+
+LOOM_DEVICE LOOM_INLINE std::uint32_t smem_address(void const* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One thread. The barrier completes a phase after `count` arrivals (and all expected bytes).
+LOOM_DEVICE LOOM_INLINE void mbarrier_init(std::uint64_t* bar, std::uint32_t count) {
+  cuda::ptx::mbarrier_init(bar, count);
+}
+
+// Makes mbarrier initialisations of this thread visible to the async proxy (TMA); follow it with a
+// block barrier before other threads use the mbarriers.
+LOOM_DEVICE LOOM_INLINE void fence_mbarrier_init() {
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
+
+// One thread, when no arrival, wait or copy on the barrier is outstanding: returns the memory to
+// ordinary use (another task type may reuse this shared memory).
+LOOM_DEVICE LOOM_INLINE void mbarrier_inval(std::uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
+// One arrival with release semantics (orders this thread's earlier shared-memory accesses, and
+// its completed wgmma reads, before the phase completes).
+// Raw PTX (always inlined): consumers call it while wgmma are in flight, where a call would make
+// ptxas serialise them.
+LOOM_DEVICE LOOM_INLINE void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   smem_address(bar))
+               : "memory");
+}
+
+// One arrival that also announces `bytes` of asynchronous copies completing on this phase.
+LOOM_DEVICE LOOM_INLINE void mbarrier_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                             cuda::ptx::space_shared, bar, bytes);
+}
+
+// True once the phase with parity `parity` has completed (acquire: the copies' data is visible).
+// May suspend the thread for a hardware-chosen time before returning false.
+// Raw PTX (always inlined), for the same reason as mbarrier_arrive.
+LOOM_DEVICE LOOM_INLINE bool mbarrier_try_wait_parity(std::uint64_t* bar, std::uint32_t parity) {
+  std::uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_address(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// cp.async.bulk.tensor.2d: box at coordinates {c0 (innermost), c1} of `tensor_map` into `dst`;
+// completes on `bar`. One thread.
+LOOM_DEVICE LOOM_INLINE void tma_load_2d(void* dst, void const* tensor_map, std::int32_t c0,
+                                         std::int32_t c1, std::uint64_t* bar) {
+  std::int32_t const coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst,
+                                  tensor_map, coords, bar);
+}
+
+// cp.async.bulk.tensor.3d: box at {c0, c1, c2}. One thread.
+LOOM_DEVICE LOOM_INLINE void tma_load_3d(void* dst, void const* tensor_map, std::int32_t c0,
+                                         std::int32_t c1, std::int32_t c2, std::uint64_t* bar) {
+  std::int32_t const coords[3] = {c0, c1, c2};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst,
+                                  tensor_map, coords, bar);
+}
+
+// Orders this thread's generic-proxy shared-memory accesses before later async-proxy accesses
+// (TMA writes, wgmma reads) of the same memory; each writing thread, before the block barrier.
+LOOM_DEVICE LOOM_INLINE void fence_proxy_async_shared() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
+}  // namespace loom::tasks::gemm::ptx
+
+#endif  // __CUDACC__

@@ -1,0 +1,334 @@
+// GemmTile: one output tile of a batched bf16 GEMM with a fused epilogue,
+//
+//   C[c_row0 + r][cols of tile] = epilogue(A[a_row0 + r][:] · B[expert][rows of tile][:]ᵀ)
+//
+// for r < rows (1..block_m): rows past `rows` are never read as data (TMA reads may cover them,
+// their results are dropped) and never written. The operands, the tile configuration and the
+// epilogue (bf16/fp32 output, bias, row scale, none/relu/gelu/swiglu) are shared by all tiles of
+// one GEMM in a device-memory GemmOperands (tasks/gemm/operands.hpp) that the payload points to.
+// Build operands with tasks/gemm/device_gemm.hpp (GPU) or make_operands (CPU executor).
+//
+// Device: 384 threads. On the wgmma path warps 0..7 are two consumer warpgroups (wgmma
+// m64nWNk16, accumulators in registers) and lane 0 of warp 8 (warpgroup 2) is the TMA producer
+// feeding a multi-stage mbarrier pipeline; on the mma.sync path every thread loads and warps 0..7
+// compute. The pipeline's block must be exactly 384 threads (checked): with the 128x256 tile the
+// consumers take registers from the producer warpgroup (setmaxnreg 208 / 88, back to 168 at the
+// end). Both paths finish through the same epilogue into a staged tile that the Sink delivers
+// (sink.hpp). Design, measurements and limits: docs/gemm.md.
+// Split-K (config.splits > 1): split s sums K blocks [s·per, (s+1)·per); the last split to finish
+// a tile adds all partials in split order (deterministic) and runs the epilogue.
+//
+// Host: the same function in float from the bf16 inputs; the task of the last split computes the
+// whole K range and the other splits do nothing.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "runtime/context.hpp"
+#include "runtime/error.hpp"
+#include "tasks/gemm/epilogue_math.hpp"
+#include "tasks/gemm/operands.hpp"
+#include "tasks/gemm/sink.hpp"
+
+#if defined(__CUDACC__)
+#include "tasks/gemm/device/epilogue.cuh"
+#include "tasks/gemm/device/mainloop_mma_sync.cuh"
+#include "tasks/gemm/device/mainloop_wgmma.cuh"
+#endif
+
+namespace loom::tasks {
+
+// Where one tile task sits in its GEMM.
+struct GemmTileCoord {
+  std::uint32_t expert = 0;
+  std::uint32_t a_row0 = 0;  // first row of A (and of row_scale)
+  std::uint32_t c_row0 = 0;  // first row of C it writes
+  std::uint32_t rows = 0;    // valid rows, 1..block_m
+  std::uint32_t n_tile = 0;  // columns [n_tile·block_n, ...) of B
+  std::uint32_t split = 0;   // K split, 0..splits-1
+  std::uint32_t slot = 0;    // split-K workspace slot (unique per tile in flight); 0 if no split
+  std::uint64_t sink_tag = 0;
+};
+
+template <class Sink = gemm::LocalTileSink>
+struct GemmTileTask {
+  static constexpr char const* name = "gemm_tile";
+  static constexpr unsigned threads = gemm::kThreads;
+  // Control words (mbarriers, a broadcast flag), alignment slack to 1024 bytes, then the stages.
+  static constexpr unsigned kControlBytes = 256;
+  static constexpr unsigned shared_bytes = kControlBytes + 1024 + gemm::kStageAreaBytes;
+
+  struct Payload {
+    gemm::GemmOperands const* ops;
+    std::uint64_t sink_tag;
+    std::uint32_t expert;
+    std::uint32_t a_row0;
+    std::uint32_t c_row0;
+    std::uint32_t n_tile;
+    std::uint32_t slot;
+    std::uint16_t rows;
+    std::uint16_t split;
+  };
+  static_assert(sizeof(Payload) <= 48);
+
+  // Checks `t` against the host copy `op` of the operands that `device_op` points to. Throws
+  // loom::Error naming the field.
+  static Payload payload(gemm::GemmOperands const& op, gemm::GemmOperands const* device_op,
+                         GemmTileCoord const& t) {
+    auto const fail = [&](std::string const& what) {
+      throw Error("loom: gemm tile (expert " + std::to_string(t.expert) + ", rows " +
+                  std::to_string(t.a_row0) + "+" + std::to_string(t.rows) + ", n tile " +
+                  std::to_string(t.n_tile) + ", split " + std::to_string(t.split) + "): " + what);
+    };
+    gemm::GemmConfig const& cfg = op.config;
+    if (!device_op) fail("no operands");
+    if (t.rows == 0 || t.rows > cfg.block_m) fail("rows must be 1.." + std::to_string(cfg.block_m));
+    if (std::uint64_t{t.a_row0} + t.rows > op.a_rows)
+      fail("rows run past the " + std::to_string(op.a_rows) + " rows of A");
+    if (t.expert >= op.experts) fail("expert out of range (" + std::to_string(op.experts) + ")");
+    if (t.n_tile >= op.n_tiles())
+      fail("n tile out of range (" + std::to_string(op.n_tiles()) + " tiles of " +
+           std::to_string(cfg.block_n) + ")");
+    if (t.split >= cfg.splits) fail("split out of range (" + std::to_string(cfg.splits) + ")");
+    if (cfg.splits > 1 && t.slot >= op.slots)
+      fail("split-K slot " + std::to_string(t.slot) + " but the workspace has " +
+           std::to_string(op.slots));
+    Payload p{};
+    p.ops = device_op;
+    p.sink_tag = t.sink_tag;
+    p.expert = t.expert;
+    p.a_row0 = t.a_row0;
+    p.c_row0 = t.c_row0;
+    p.n_tile = t.n_tile;
+    p.slot = t.slot;
+    p.rows = static_cast<std::uint16_t>(t.rows);
+    p.split = static_cast<std::uint16_t>(t.split);
+    return p;
+  }
+
+  // The words of a device-side failure (TaskContext::fail with a GemmFailure code).
+  static std::string describe_failure(std::uint32_t code, std::uint64_t a, std::uint64_t b) {
+    switch (code) {
+      case 1:
+        return "tile outside its operands (rows " + std::to_string(a) + ", expert " +
+               std::to_string(b >> 32) + ", n tile " + std::to_string(b & 0xFFFFFFFFu) + ")";
+      case 2:
+        return "pipeline barrier " + std::to_string(a) + " (parity " + std::to_string(b) +
+               ") never completed: a TMA load or a consumer stalled";
+      case 3:
+        return "the wgmma path needs an sm_90a build on a Hopper GPU; choose MmaPath::mma_sync";
+      case 4:
+        return "block of " + std::to_string(a) + " threads; gemm_tile needs exactly " +
+               std::to_string(b) + " (a pipeline type with a larger block?)";
+      default:
+        return "unknown gemm failure " + std::to_string(code);
+    }
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) {
+    using namespace gemm;
+    GemmOperands const& op = *p.ops;
+    GemmConfig const& cfg = op.config;
+    if (p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts || p.n_tile >= op.n_tiles() ||
+        p.split >= cfg.splits || std::uint64_t{p.a_row0} + p.rows > op.a_rows) {
+      ctx.fail(1, p.rows, std::uint64_t{p.expert} << 32 | p.n_tile);
+      return;
+    }
+    if (p.split + 1u != cfg.splits) return;
+    std::uint32_t const n0 = p.n_tile * cfg.block_n;
+    std::uint32_t const b_cols = std::min<std::uint32_t>(cfg.block_n, op.n - n0);
+    std::uint32_t const rows = p.rows;
+    std::vector<float> acc(std::size_t{rows} * b_cols, 0.0f);
+    std::vector<float> a_row(op.k);
+    for (std::uint32_t r = 0; r < rows; ++r) {
+      Bf16 const* a = op.a + std::size_t{p.a_row0 + r} * op.lda;
+      for (std::uint32_t kk = 0; kk < op.k; ++kk) a_row[kk] = to_float(a[kk]);
+      for (std::uint32_t j = 0; j < b_cols; ++j) {
+        Bf16 const* b = op.b + (std::size_t{p.expert} * op.n + n0 + j) * op.k;
+        float sum = 0.0f;
+        for (std::uint32_t kk = 0; kk < op.k; ++kk) sum += a_row[kk] * to_float(b[kk]);
+        acc[std::size_t{r} * b_cols + j] = sum;
+      }
+    }
+    bool const swiglu = op.activation == GemmActivation::swiglu;
+    std::uint32_t const out_cols = swiglu ? b_cols / 2 : b_cols;
+    std::uint32_t const eb = op.out_bytes();
+    std::vector<unsigned char> staged(std::size_t{rows} * out_cols * eb);
+    float const* bias = op.bias ? op.bias + std::size_t{p.expert} * op.n + n0 : nullptr;
+    for (std::uint32_t r = 0; r < rows; ++r) {
+      float const scale = op.row_scale ? op.row_scale[p.a_row0 + r] : 1.0f;
+      float const* acc_row = acc.data() + std::size_t{r} * b_cols;
+      for (std::uint32_t o = 0; o < out_cols; ++o) {
+        float v;
+        if (swiglu) {
+          std::uint32_t const gc = swiglu_gate_column(o), uc = swiglu_up_column(o);
+          v = gemm::swiglu(acc_row[gc] + (bias ? bias[gc] : 0.0f),
+                           acc_row[uc] + (bias ? bias[uc] : 0.0f));
+        } else {
+          v = activate(op.activation, acc_row[o] + (bias ? bias[o] : 0.0f));
+        }
+        v *= scale;
+        unsigned char* dst = staged.data() + (std::size_t{r} * out_cols + o) * eb;
+        if (op.output == OutputType::bf16) {
+          Bf16 const h = to_bf16(v);
+          std::memcpy(dst, &h, 2);
+        } else {
+          std::memcpy(dst, &v, 4);
+        }
+      }
+    }
+    StagedTile const tile{
+        staged.data(), out_cols * eb, rows, out_cols, eb, p.c_row0, p.n_tile * op.out_tile_cols(),
+        p.sink_tag};
+    Sink::deliver_host(tile, op, ctx);
+  }
+
+#if defined(__CUDACC__)
+  // Called by every thread of the processor block (blockDim.x >= threads; threads past `threads`
+  // join the block barriers only). Uses shared_bytes of ctx.shared_memory().
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    using namespace gemm;
+    GemmOperands const& op = *p.ops;
+    GemmConfig const cfg = op.config;
+    bool const bad = p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts ||
+                     p.n_tile >= op.n_tiles() || p.split >= cfg.splits ||
+                     p.a_row0 + p.rows > op.a_rows;
+    if (bad) {
+      if (threadIdx.x == 0)
+        ctx.fail(static_cast<std::uint32_t>(impl::GemmFailure::bad_tile), p.rows,
+                 std::uint64_t{p.expert} << 32 | p.n_tile);
+      return;
+    }
+    if (blockDim.x != threads) {  // the register split below assumes exactly this block
+      if (threadIdx.x == 0)
+        ctx.fail(static_cast<std::uint32_t>(impl::GemmFailure::block_size), blockDim.x, threads);
+      return;
+    }
+#if !LOOM_HAS_WGMMA
+    if (cfg.path == MmaPath::wgmma) {
+      if (threadIdx.x == 0) ctx.fail(static_cast<std::uint32_t>(impl::GemmFailure::no_wgmma), 0, 0);
+      return;
+    }
+#endif
+    impl::TileJob job;
+    job.expert = p.expert;
+    job.a_row0 = p.a_row0;
+    job.c_row0 = p.c_row0;
+    job.rows = p.rows;
+    job.n_tile = p.n_tile;
+    job.split = p.split;
+    job.slot = p.slot;
+    job.n0 = p.n_tile * cfg.block_n;
+    std::uint32_t const k_blocks = op.k_blocks();
+    std::uint32_t const per = split_k_blocks_per(k_blocks, cfg.splits);
+    job.k_block_begin = p.split * per;
+    job.k_block_count = min(per, k_blocks - job.k_block_begin);
+    job.sink_tag = p.sink_tag;
+    switch (cfg.warp_n()) {
+      case 64:
+        run<64>(op, job, ctx);
+        break;
+      case 128:
+        run<128>(op, job, ctx);
+        break;
+      default:
+        run<256>(op, job, ctx);
+        break;
+    }
+    // This thread's shared-memory writes and reads come before the next task's TMA writes.
+    ptx::fence_proxy_async_shared();
+  }
+
+ private:
+  template <int WN>
+  __device__ static void run(gemm::GemmOperands const& op, gemm::impl::TileJob const& job,
+                             TaskContext& ctx) {
+    using namespace gemm;
+    GemmConfig const cfg = op.config;
+    auto* const raw = static_cast<unsigned char*>(ctx.shared_memory());
+    impl::PipelineSmem sm;
+    sm.full = reinterpret_cast<std::uint64_t*>(raw);
+    sm.empty = sm.full + kMaxStages;
+    sm.stages = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<std::uintptr_t>(raw) + kControlBytes + 1023u) & ~std::uintptr_t{1023});
+    auto* const flag = reinterpret_cast<std::uint32_t*>(sm.empty + kMaxStages);
+    unsigned const thread = threadIdx.x, warp = thread / 32u;
+    impl::WarpTile const wt = impl::warp_tile(cfg, warp);
+    // In the M split a warpgroup whose 64 rows are all invalid skips its MMAs.
+    bool const active = cfg.split_n() || job.rows > 64u * (warp / 4u);
+    bool const wgmma = cfg.path == MmaPath::wgmma;
+    // The 128x256 tile's 128 accumulators a thread need more than the 168 registers of entry: its
+    // consumers borrow the producer warpgroup's (setmaxnreg), and both give them back at the end.
+    constexpr bool kReconfigure = WN == 256;
+
+    if (wgmma && thread == 0) {
+      for (std::uint32_t s = 0; s < cfg.stages; ++s) {
+        ptx::mbarrier_init(sm.full + s, 1);
+        ptx::mbarrier_init(sm.empty + s, kConsumerThreads / 32);
+      }
+      ptx::fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (thread >= kConsumerThreads) {  // producer warpgroup
+      if constexpr (kReconfigure) ptx::setmaxnreg_dec<kProducerRegs>();
+      if (wgmma) {
+        if (thread == kConsumerThreads) impl::produce_tiles(op, job, sm, ctx);
+        __syncwarp();
+      } else {
+        float unused[WN / 2];
+        impl::mma_sync_mainloop<WN, false>(unused, op, job, sm.stages, wt, false);
+      }
+      if constexpr (kReconfigure) ptx::setmaxnreg_inc<kEntryRegs>();
+    } else {  // consumer warpgroups
+      if constexpr (kReconfigure) ptx::setmaxnreg_inc<kConsumerRegs>();
+      float acc[WN / 2];
+      if (wgmma)
+        impl::consume_tiles<WN>(acc, op, job, sm, ctx, warp, active);
+      else
+        impl::mma_sync_mainloop<WN, true>(acc, op, job, sm.stages, wt, active);
+      finish<WN>(acc, op, job, sm.stages, wt, flag, ctx);
+      if constexpr (kReconfigure) ptx::setmaxnreg_dec<kEntryRegs>();
+    }
+    __syncthreads();
+    if (wgmma && thread == 0) {
+      for (std::uint32_t s = 0; s < cfg.stages; ++s) {
+        ptx::mbarrier_inval(sm.full + s);
+        ptx::mbarrier_inval(sm.empty + s);
+      }
+    }
+  }
+
+  // Consumer threads: accumulators to the staging tile (reusing the stage area once both
+  // warpgroups are done with it), split-K publication, the finishing pass, the sink.
+  template <int WN>
+  __device__ static void finish(float (&acc)[WN / 2], gemm::GemmOperands const& op,
+                                gemm::impl::TileJob const& job, unsigned char* staging,
+                                gemm::impl::WarpTile const& wt, std::uint32_t* flag,
+                                TaskContext& ctx) {
+    using namespace gemm;
+    unsigned const thread = threadIdx.x, warp = thread / 32u, lane = thread % 32u;
+    ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+    impl::stage_accumulators<WN>(acc, op.config, wt, lane, staging);
+    ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+    if (op.config.splits > 1) {
+      if (!impl::publish_partial(op, job, staging, thread, flag)) return;
+      impl::sum_partials(op, job, staging, thread);
+      ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+    }
+    impl::finish_rows(op, job, staging, warp, lane);
+    ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+    std::uint32_t const c_col0 = job.n_tile * op.out_tile_cols();
+    StagedTile const tile{staging,        impl::staging_row_stride(op.config),
+                          job.rows,       min(op.out_tile_cols(), op.n_out - c_col0),
+                          op.out_bytes(), job.c_row0,
+                          c_col0,         job.sink_tag};
+    Sink::deliver(tile, op, ctx, thread);
+  }
+#endif
+};
+
+using GemmTile = GemmTileTask<>;
+
+}  // namespace loom::tasks

@@ -1,0 +1,285 @@
+// The bf16 tile GEMM task's host body on the CPU executor, against float64: every epilogue, both
+// output types, several experts with row counts off the tile grid, K and N off the tile grid,
+// split-K; plus the host-side checks (operands, tile payloads), the tile heuristic, and the sink
+// hook with a user-defined sink.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tasks/gemm/heuristic.hpp"
+#include "tasks/gemm/tiling.hpp"
+#include "tasks/gemm_tile.hpp"
+#include "tests/cpu/test_support.hpp"
+
+namespace loom::test {
+namespace {
+
+namespace g = tasks::gemm;
+using tasks::GemmTile;
+using GemmPipeline = Pipeline<GemmTile>;
+
+struct HostGemm {
+  std::uint32_t experts = 2, n = 96, k = 72;
+  std::vector<std::uint32_t> rows = {130, 7};
+  g::OutputType out = g::OutputType::bf16;
+  g::GemmActivation act = g::GemmActivation::none;
+  bool bias = true, scale = true;
+  g::GemmConfig cfg{};
+};
+
+std::vector<g::Bf16> random_bf16(std::size_t n, std::mt19937& rng, float scale) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<g::Bf16> v(n);
+  for (auto& x : v) x = g::to_bf16(d(rng));
+  return v;
+}
+
+// Runs `h` through the CPU executor; returns the relative error against float64, and checks that
+// nothing outside the valid rows and columns was written.
+template <class Task = GemmTile>
+double run_host_gemm(HostGemm const& h) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  bool const swiglu = h.act == g::GemmActivation::swiglu;
+  std::uint32_t const n_out = swiglu ? h.n / 2 : h.n, ldc = n_out + 8;
+  std::vector<std::uint32_t> row0;
+  std::uint32_t a_rows = 0;
+  for (std::uint32_t r : h.rows) row0.push_back(a_rows), a_rows += r + 2;
+  auto const a = random_bf16(std::size_t{a_rows} * h.k, rng, 1.0f);
+  auto const b = random_bf16(std::size_t{h.experts} * h.n * h.k, rng, 1.0f / std::sqrt(float(h.k)));
+  std::uniform_real_distribution<float> ud(-0.5f, 0.5f), sd(0.5f, 1.5f);
+  std::vector<float> bias(std::size_t{h.experts} * h.n), scale(a_rows);
+  for (auto& x : bias) x = ud(rng);
+  for (auto& x : scale) x = sd(rng);
+  std::uint32_t const eb = h.out == g::OutputType::bf16 ? 2 : 4;
+  std::vector<unsigned char> c(std::size_t{a_rows} * ldc * eb, 0xFF);
+
+  g::GemmDesc d;
+  d.a = a.data(), d.a_rows = a_rows, d.b = b.data(), d.experts = h.experts, d.n = h.n, d.k = h.k;
+  d.c = c.data(), d.ldc = ldc, d.output = h.out, d.activation = h.act;
+  d.bias = h.bias ? bias.data() : nullptr;
+  d.row_scale = h.scale ? scale.data() : nullptr;
+  g::GemmOperands op = g::make_operands(d, h.cfg);
+  op.slots = 1024;  // the host body needs no workspace; payloads only check the slot range
+  GraphBuilder builder;
+  std::uint32_t slot = 0;
+  for (std::uint32_t e = 0; e < h.experts; ++e)
+    if (h.rows[e] > 0)
+      for (auto const& p :
+           g::gemm_tile_payloads<Task>(op, &op, {e, row0[e], row0[e], h.rows[e]}, slot))
+        builder.add_task(Pipeline<Task>::template make<Task>(p));
+  CpuOptions options;
+  options.processors = 3;
+  std::vector<Graph> graphs;
+  graphs.push_back(builder.build());
+  CpuExecutor<Pipeline<Task>> ex(std::move(graphs), options);
+  ex.run();
+
+  double num = 0, den = 0;
+  std::size_t outside_written = 0;
+  std::vector<char> valid(a_rows, 0);
+  for (std::uint32_t e = 0; e < h.experts; ++e)
+    for (std::uint32_t r = 0; r < h.rows[e]; ++r) valid[row0[e] + r] = 1;
+  for (std::uint32_t e = 0; e < h.experts; ++e) {
+    for (std::uint32_t r = 0; r < h.rows[e]; ++r) {
+      std::uint32_t const ar = row0[e] + r;
+      std::vector<double> acc(h.n);
+      for (std::uint32_t j = 0; j < h.n; ++j) {
+        double s = 0;
+        for (std::uint32_t kk = 0; kk < h.k; ++kk)
+          s += double(g::to_float(a[std::size_t{ar} * h.k + kk])) *
+               double(g::to_float(b[(std::size_t{e} * h.n + j) * h.k + kk]));
+        acc[j] = s + (h.bias ? double(bias[std::size_t{e} * h.n + j]) : 0.0);
+      }
+      for (std::uint32_t o = 0; o < n_out; ++o) {
+        double want = swiglu ? g::swiglu(acc[g::swiglu_gate_column(o)], acc[g::swiglu_up_column(o)])
+                             : g::activate(h.act, acc[o]);
+        if (h.scale) want *= scale[ar];
+        unsigned char const* p = c.data() + (std::size_t{ar} * ldc + o) * eb;
+        double got;
+        if (eb == 2) {
+          g::Bf16 x;
+          std::memcpy(&x, p, 2);
+          got = g::to_float(x);
+        } else {
+          float f;
+          std::memcpy(&f, p, 4);
+          got = f;
+        }
+        if (std::isnan(got)) return INFINITY;
+        num += (got - want) * (got - want), den += want * want;
+      }
+    }
+  }
+  for (std::uint32_t r = 0; r < a_rows; ++r)
+    for (std::uint32_t o = 0; o < ldc; ++o)
+      if (!valid[r] || o >= n_out)
+        for (std::uint32_t i = 0; i < eb; ++i)
+          outside_written += c[(std::size_t{r} * ldc + o) * eb + i] != 0xFF;
+  EXPECT_EQ(outside_written, 0u) << "bytes written outside the valid rows and columns";
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+TEST(GemmHost, EveryEpilogueMatchesFloat64) {
+  for (auto act : {g::GemmActivation::none, g::GemmActivation::relu, g::GemmActivation::gelu_tanh,
+                   g::GemmActivation::swiglu}) {
+    for (auto out : {g::OutputType::bf16, g::OutputType::fp32}) {
+      SCOPED_TRACE(std::string(g::to_string(act)) +
+                   (out == g::OutputType::bf16 ? " bf16" : " fp32"));
+      HostGemm h;
+      h.act = act, h.out = out;
+      h.cfg.block_m = 64, h.cfg.block_n = 128;
+      EXPECT_LT(run_host_gemm(h), out == g::OutputType::bf16 ? 1e-2 : 1e-5);
+    }
+  }
+}
+
+TEST(GemmHost, SplitKAndEveryTileShapeMatchFloat64) {
+  for (auto [bm, bn, splits] : {std::tuple{128, 64, 3}, std::tuple{128, 256, 1},
+                                std::tuple{64, 256, 2}, std::tuple{128, 128, 2}}) {
+    HostGemm h;
+    h.cfg.block_m = static_cast<std::uint16_t>(bm), h.cfg.block_n = static_cast<std::uint16_t>(bn);
+    h.cfg.splits = static_cast<std::uint8_t>(splits);
+    h.cfg.stages = static_cast<std::uint8_t>(h.cfg.max_stages());
+    h.k = 328, h.n = 272, h.experts = 3, h.rows = {1, 0, 200};
+    h.act = g::GemmActivation::swiglu, h.out = g::OutputType::fp32;
+    EXPECT_LT(run_host_gemm(h), 1e-5) << bm << "x" << bn << " split " << splits;
+  }
+}
+
+// A user sink: writes each tile's rows, reversed left to right, into C. Shows the hook's contract
+// (rows and cols valid, c_row0 / c_col0 placing the tile) without a device body.
+struct MirroringSink {
+  static void deliver_host(g::StagedTile const& t, g::GemmOperands const& op, TaskContext&) {
+    auto* c = static_cast<unsigned char*>(op.c);
+    for (std::uint32_t r = 0; r < t.rows; ++r)
+      for (std::uint32_t j = 0; j < t.cols; ++j)
+        std::memcpy(c + (std::size_t{t.c_row0 + r} * op.ldc + (op.n_out - 1 - (t.c_col0 + j))) *
+                            t.elem_bytes,
+                    t.data + std::size_t{r} * t.row_stride + std::size_t{j} * t.elem_bytes,
+                    t.elem_bytes);
+  }
+};
+
+TEST(GemmHost, SinkReceivesEveryFinishedTileOnce) {
+  // The mirrored output must be exactly the local sink's output reversed.
+  HostGemm h;
+  h.cfg.block_m = 64, h.cfg.block_n = 128;
+  h.out = g::OutputType::fp32, h.act = g::GemmActivation::relu;
+  h.experts = 1, h.rows = {100}, h.n = 384, h.k = 64;
+  std::uint32_t const a_rows = 102, ldc = h.n;
+  std::mt19937 rng(fresh_seed());
+  auto const a = random_bf16(std::size_t{a_rows} * h.k, rng, 1.0f);
+  auto const b = random_bf16(std::size_t{h.n} * h.k, rng, 1.0f);
+  std::vector<float> local(std::size_t{a_rows} * ldc, -1.0f), mirrored(local);
+  auto run = [&](auto task, std::vector<float>& c) {
+    using Task = decltype(task);
+    g::GemmDesc d;
+    d.a = a.data(), d.a_rows = a_rows, d.b = b.data(), d.n = h.n, d.k = h.k, d.c = c.data();
+    d.output = h.out, d.activation = h.act;
+    g::GemmOperands op = g::make_operands(d, h.cfg);
+    GraphBuilder builder;
+    std::uint32_t slot = 0;
+    for (auto const& p : g::gemm_tile_payloads<Task>(op, &op, {0, 0, 0, 100}, slot))
+      builder.add_task(Pipeline<Task>::template make<Task>(p));
+    std::vector<Graph> graphs;
+    graphs.push_back(builder.build());
+    CpuExecutor<Pipeline<Task>> ex(std::move(graphs), CpuOptions{});
+    ex.run();
+  };
+  run(GemmTile{}, local);
+  run(tasks::GemmTileTask<MirroringSink>{}, mirrored);
+  for (std::uint32_t r = 0; r < a_rows; ++r)
+    for (std::uint32_t j = 0; j < h.n; ++j)
+      ASSERT_EQ(std::memcmp(&local[std::size_t{r} * ldc + j],
+                            &mirrored[std::size_t{r} * ldc + (h.n - 1 - j)], 4),
+                0)
+          << "row " << r << " column " << j;
+}
+
+TEST(GemmHost, BadOperandsAreRejectedWithTheReason) {
+  std::vector<g::Bf16> a(64 * 72), b(64 * 72);
+  std::vector<float> c(64 * 64);
+  g::GemmDesc d;
+  d.a = a.data(), d.a_rows = 64, d.b = b.data(), d.n = 64, d.k = 72, d.c = c.data();
+  d.output = g::OutputType::fp32;
+  g::GemmConfig cfg;
+  cfg.block_m = 128, cfg.block_n = 64, cfg.stages = 4;
+  EXPECT_TRUE(succeeds([&] { g::make_operands(d, cfg); }));
+  auto with = [&](auto edit) {
+    g::GemmDesc e = d;
+    g::GemmConfig f = cfg;
+    edit(e, f);
+    return error_of([&] { g::make_operands(e, f); });
+  };
+  EXPECT_TRUE(mentions(with([](auto& e, auto&) { e.k = 70; }), "multiple of 8"));
+  EXPECT_TRUE(mentions(with([](auto& e, auto&) { e.n = 60; }), "n=60"));
+  EXPECT_TRUE(
+      mentions(with([](auto& e, auto&) { e.n = 56, e.activation = g::GemmActivation::swiglu; }),
+               "multiple of 16 for swiglu"));
+  EXPECT_TRUE(mentions(with([](auto&, auto& f) { f.block_n = 32; }), "not one of"));
+  EXPECT_TRUE(mentions(with([](auto&, auto& f) { f.stages = 9; }), "stages"));
+  EXPECT_TRUE(mentions(with([](auto&, auto& f) { f.splits = 3; }), "split-K 3"));
+  EXPECT_TRUE(mentions(with([](auto& e, auto&) { e.ldc = 60; }), "ldc=60"));
+  EXPECT_TRUE(mentions(with([](auto& e, auto&) { e.b = nullptr; }), "must all be given"));
+
+  g::GemmOperands const op = g::make_operands(d, cfg);
+  auto tile = [&](auto edit) {
+    tasks::GemmTileCoord t;
+    t.rows = 64;
+    edit(t);
+    return error_of([&] { GemmTile::payload(op, &op, t); });
+  };
+  EXPECT_TRUE(succeeds([&] { tile([](auto&) {}); }));
+  EXPECT_TRUE(mentions(tile([](auto& t) { t.rows = 0; }), "rows must be 1..128"));
+  EXPECT_TRUE(mentions(tile([](auto& t) { t.a_row0 = 1; }), "run past the 64 rows"));
+  EXPECT_TRUE(mentions(tile([](auto& t) { t.expert = 1; }), "expert out of range"));
+  EXPECT_TRUE(mentions(tile([](auto& t) { t.n_tile = 1; }), "n tile out of range"));
+  EXPECT_TRUE(mentions(tile([](auto& t) { t.split = 1; }), "split out of range"));
+}
+
+std::uint32_t task_count(g::GemmShape const& s, g::GemmConfig const& c) {
+  return ((s.m + c.block_m - 1) / c.block_m) * ((s.n + c.block_n - 1) / c.block_n) * c.splits;
+}
+
+TEST(GemmHeuristic, LargeProblemsGetTheWidestTile) {
+  g::GemmShape s;
+  s.m = s.n = s.k = 8192;
+  g::GemmConfig const c = g::choose_gemm_config(s);
+  EXPECT_EQ(c.block_m, 128);
+  EXPECT_EQ(c.block_n, 256);
+  EXPECT_EQ(c.splits, 1);
+  EXPECT_EQ(c.stages, 4);
+}
+
+TEST(GemmHeuristic, SmallMProblemsKeepMostProcessorsBusy) {
+  g::GemmDeviceModel const dev;
+  for (std::uint32_t m : {128u, 256u, 512u}) {
+    for (std::uint32_t nk : {2048u, 7168u}) {
+      g::GemmShape s;
+      s.m = m, s.n = nk, s.k = nk;
+      g::GemmConfig const c = g::choose_gemm_config(s, dev);
+      SCOPED_TRACE("m=" + std::to_string(m) + " n=k=" + std::to_string(nk) + ": " +
+                   std::to_string(c.block_m) + "x" + std::to_string(c.block_n) + " split " +
+                   std::to_string(c.splits));
+      EXPECT_GE(task_count(s, c), dev.processors * 3 / 4);
+      EXPECT_EQ(g::config_problem(c, s.k), "");
+    }
+  }
+}
+
+TEST(GemmHeuristic, EveryChoiceIsAValidConfiguration) {
+  for (std::uint32_t m : {1u, 63u, 200u, 1000u, 5000u})
+    for (std::uint32_t n : {8u, 136u, 1024u, 7168u})
+      for (std::uint32_t k : {8u, 64u, 200u, 4096u}) {
+        g::GemmShape s;
+        s.m = m, s.n = n, s.k = k;
+        EXPECT_EQ(g::config_problem(g::choose_gemm_config(s), k), "") << m << "x" << n << "x" << k;
+      }
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,347 @@
+// The bf16 tile GEMM task inside the persistent kernel, against float64 references: both MMA paths
+// (wgmma + TMA, and the mma.sync fallback forced on the same GPU), every tile shape, every
+// epilogue, several experts with row counts 1..tile height, K and N off the tile grid, split-K.
+// Outputs are NaN-poisoned before each launch; every valid element must be written, and every
+// byte outside the valid rows and columns must still be poison afterwards.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/gpu_executor.cuh"
+#include "tasks/gemm/device_gemm.hpp"
+#include "tasks/gemm/heuristic.hpp"
+#include "tests/gpu/gpu_test_util.cuh"
+
+namespace {
+
+namespace g = loom::tasks::gemm;
+using loom::tasks::GemmTile;
+using GemmPipeline = loom::Pipeline<GemmTile>;
+
+struct Case {
+  std::string name;
+  std::uint32_t experts = 1, n = 128, k = 128;
+  std::vector<std::uint32_t> rows;  // rows of A per expert (0 allowed)
+  g::OutputType out = g::OutputType::bf16;
+  g::GemmActivation act = g::GemmActivation::none;
+  bool bias = false, scale = false;
+  std::uint16_t block_m = 128, block_n = 128;
+  std::uint8_t splits = 1, stages = 0;  // 0: the deepest that fits
+  g::MmaPath path = g::MmaPath::wgmma;
+  std::uint8_t overlap = 1;
+  std::uint32_t chains = 0;  // > 0: tiles strung into chains (local dispatch)
+};
+
+std::ostream& operator<<(std::ostream& os, Case const& c) {
+  return os << c.name;
+}
+
+constexpr std::uint32_t kGapRows = 3;  // NaN rows of A between experts: never read as data
+constexpr std::uint32_t kPadCols = 8;  // C columns past n_out: never written
+
+std::vector<g::Bf16> random_bf16(std::size_t n, std::mt19937& rng, float scale) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<g::Bf16> v(n);
+  for (auto& x : v) x = g::to_bf16(d(rng));
+  return v;
+}
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+void run_case(Case const& c, int launches = 2) {
+  unsigned const seed = std::random_device{}();
+  SCOPED_TRACE(c.name + ", seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  bool const swiglu = c.act == g::GemmActivation::swiglu;
+  std::uint32_t const n_out = swiglu ? c.n / 2 : c.n;
+  std::uint32_t const ldc = n_out + kPadCols;
+  std::uint32_t const eb = c.out == g::OutputType::bf16 ? 2 : 4;
+
+  // A pool: each expert's rows, then kGapRows rows of NaN.
+  std::vector<std::uint32_t> row0(c.experts);
+  std::uint32_t a_rows = 0;
+  for (std::uint32_t e = 0; e < c.experts; ++e) row0[e] = a_rows, a_rows += c.rows[e] + kGapRows;
+  auto a = random_bf16(std::size_t{a_rows} * c.k, rng, 1.0f);
+  for (std::uint32_t e = 0; e < c.experts; ++e)
+    for (std::uint32_t r = c.rows[e]; r < c.rows[e] + kGapRows; ++r)
+      for (std::uint32_t kk = 0; kk < c.k; ++kk)
+        a[std::size_t{row0[e] + r} * c.k + kk] = g::Bf16{0x7FC0};
+  auto const b = random_bf16(std::size_t{c.experts} * c.n * c.k, rng, 1.0f / std::sqrt(float(c.k)));
+  auto const bias = random_floats(std::size_t{c.experts} * c.n, rng, -0.5f, 0.5f);
+  auto const scale = random_floats(a_rows, rng, 0.5f, 1.5f);
+
+  loom::DeviceBuffer<g::Bf16> da(a), db(b);
+  loom::DeviceBuffer<float> dbias(bias), dscale(scale);
+  loom::DeviceBuffer<unsigned char> dc(std::size_t{a_rows} * ldc * eb);
+
+  g::GemmDesc desc;
+  desc.a = da.get();
+  desc.a_rows = a_rows;
+  desc.b = db.get();
+  desc.experts = c.experts;
+  desc.n = c.n;
+  desc.k = c.k;
+  desc.c = dc.get();
+  desc.ldc = ldc;
+  desc.output = c.out;
+  desc.bias = c.bias ? dbias.get() : nullptr;
+  desc.row_scale = c.scale ? dscale.get() : nullptr;
+  desc.activation = c.act;
+  g::GemmConfig cfg;
+  cfg.block_m = c.block_m;
+  cfg.block_n = c.block_n;
+  cfg.splits = c.splits;
+  cfg.path = c.path;
+  cfg.overlap = c.overlap;
+  cfg.stages = static_cast<std::uint8_t>(c.stages ? c.stages : cfg.max_stages());
+  g::DeviceGemm gemm(desc, cfg);
+
+  loom::GraphBuilder builder;
+  std::uint32_t slot = 0, tasks = 0;
+  for (std::uint32_t e = 0; e < c.experts; ++e)
+    if (c.rows[e] > 0)
+      tasks +=
+          g::add_gemm_tiles<GemmPipeline>(builder, gemm, {e, row0[e], row0[e], c.rows[e]}, slot,
+                                          loom::kNoEvent, {}, g::kRasterGroupM, c.chains);
+  ASSERT_GT(tasks, 0u);
+  loom::GpuExecutor<GemmPipeline> ex(builder.build());
+
+  // float64 reference of the valid region.
+  std::vector<double> ref(std::size_t{a_rows} * n_out, 0.0);
+  for (std::uint32_t e = 0; e < c.experts; ++e) {
+    std::vector<double> acc(c.n);
+    for (std::uint32_t r = 0; r < c.rows[e]; ++r) {
+      std::uint32_t const ar = row0[e] + r;
+      for (std::uint32_t j = 0; j < c.n; ++j) {
+        double s = 0;
+        for (std::uint32_t kk = 0; kk < c.k; ++kk)
+          s += double(g::to_float(a[std::size_t{ar} * c.k + kk])) *
+               double(g::to_float(b[(std::size_t{e} * c.n + j) * c.k + kk]));
+        acc[j] = s + (c.bias ? double(bias[std::size_t{e} * c.n + j]) : 0.0);
+      }
+      double const sc = c.scale ? double(scale[ar]) : 1.0;
+      for (std::uint32_t o = 0; o < n_out; ++o) {
+        double const v = swiglu
+                             ? g::swiglu(acc[g::swiglu_gate_column(o)], acc[g::swiglu_up_column(o)])
+                             : g::activate(c.act, acc[o]);
+        ref[std::size_t{ar} * n_out + o] = v * sc;
+      }
+    }
+  }
+  std::vector<char> valid_row(a_rows, 0);
+  for (std::uint32_t e = 0; e < c.experts; ++e)
+    for (std::uint32_t r = 0; r < c.rows[e]; ++r) valid_row[row0[e] + r] = 1;
+
+  std::vector<unsigned char> first;
+  for (int launch = 0; launch < launches; ++launch) {
+    dc.fill_bytes(0xFF);  // NaN in bf16 and fp32
+    ex.run();
+    auto const out = dc.download();
+    double num = 0, den = 0, max_abs = 0;
+    std::size_t unwritten = 0, overwritten = 0;
+    std::ostringstream bad;
+    int shown = 0;
+    for (std::uint32_t r = 0; r < a_rows; ++r) {
+      for (std::uint32_t o = 0; o < ldc; ++o) {
+        unsigned char const* p = out.data() + (std::size_t{r} * ldc + o) * eb;
+        bool const inside = valid_row[r] && o < n_out;
+        if (!inside) {
+          for (std::uint32_t i = 0; i < eb; ++i) overwritten += p[i] != 0xFF;
+          continue;
+        }
+        double got;
+        if (eb == 2) {
+          g::Bf16 h;
+          std::memcpy(&h, p, 2);
+          got = g::to_float(h);
+        } else {
+          float f;
+          std::memcpy(&f, p, 4);
+          got = f;
+        }
+        double const want = ref[std::size_t{r} * n_out + o];
+        if (std::isnan(got)) {
+          ++unwritten;
+          if (shown < 8) bad << " unwritten(" << r << "," << o << ")", ++shown;
+          continue;
+        }
+        double const d = got - want;
+        if (std::fabs(d) > 0.05 * (1.0 + std::fabs(want)) && shown < 8)
+          bad << " (" << r << "," << o << "): " << got << " vs " << want, ++shown;
+        num += d * d, den += want * want;
+        max_abs = std::max(max_abs, std::fabs(d));
+      }
+    }
+    double const err = std::sqrt(num / std::max(den, 1e-30));
+    double const tol = c.out == g::OutputType::bf16 ? 1e-2 : 1e-4;
+    EXPECT_EQ(unwritten, 0u) << "launch " << launch << bad.str();
+    EXPECT_EQ(overwritten, 0u) << "launch " << launch << ": bytes outside the valid rows/columns";
+    EXPECT_LT(err, tol) << "launch " << launch << ", max abs error " << max_abs << bad.str();
+    std::printf("[ gemm     ] %-44s tasks %5u  rel err %.2e  max abs %.2e\n", c.name.c_str(), tasks,
+                err, max_abs);
+    if (launch == 0)
+      first = out;
+    else
+      EXPECT_TRUE(out == first) << "launch " << launch << " differs bitwise from launch 0";
+  }
+}
+
+Case make(std::string name, std::uint16_t bm, std::uint16_t bn, g::MmaPath path,
+          g::GemmActivation act = g::GemmActivation::none,
+          g::OutputType out = g::OutputType::bf16) {
+  Case c;
+  c.name = std::move(name);
+  c.block_m = bm, c.block_n = bn, c.path = path, c.act = act, c.out = out;
+  c.experts = 3;
+  c.rows = {bm * 2u + 17u, 1u, bm - 1u};
+  c.n = 2u * bn + 64u;  // a partial last N tile
+  c.k = 200;            // K not a multiple of 64
+  c.bias = true, c.scale = true;
+  return c;
+}
+
+std::vector<Case> all_cases() {
+  using A = g::GemmActivation;
+  using O = g::OutputType;
+  using P = g::MmaPath;
+  std::vector<Case> v;
+  for (P path : {P::wgmma, P::mma_sync}) {
+    std::string const p = g::to_string(path);
+    // Every tile shape.
+    for (auto [bm, bn] :
+         {std::pair<int, int>{128, 64}, {128, 128}, {128, 256}, {64, 128}, {64, 256}})
+      v.push_back(make(p + "_tile" + std::to_string(bm) + "x" + std::to_string(bn),
+                       static_cast<std::uint16_t>(bm), static_cast<std::uint16_t>(bn), path));
+    // Every epilogue, both output types.
+    for (A act : {A::none, A::relu, A::gelu_tanh, A::swiglu})
+      for (O out : {O::bf16, O::fp32})
+        v.push_back(make(p + "_" + g::to_string(act) + (out == O::bf16 ? "_bf16" : "_fp32"), 128,
+                         128, path, act, out));
+    // SwiGLU on the N split and the widest tile.
+    v.push_back(make(p + "_swiglu_tile64x256", 64, 256, path, A::swiglu));
+    v.push_back(make(p + "_swiglu_tile128x256", 128, 256, path, A::swiglu, O::fp32));
+    // Split-K, with K not a multiple of 64 and a short last split.
+    {
+      Case c = make(p + "_splitk3_gelu", 128, 64, path, A::gelu_tanh);
+      c.k = 9 * 64 + 24, c.splits = 3;
+      v.push_back(c);
+      Case d = make(p + "_splitk4_swiglu_tile64x128", 64, 128, path, A::swiglu, O::fp32);
+      d.k = 1024, d.splits = 4;
+      v.push_back(d);
+    }
+    // No bias, no scale; K smaller than one block.
+    {
+      Case c = make(p + "_plain_k8", 128, 128, path);
+      c.k = 8, c.bias = false, c.scale = false;
+      v.push_back(c);
+    }
+  }
+  // Shallow pipelines (wgmma): the stage ring wraps many times.
+  {
+    Case c = make("wgmma_two_stages", 128, 256, P::wgmma, A::relu);
+    c.stages = 2, c.k = 1024;
+    v.push_back(c);
+    Case d = make("wgmma_three_stages_tile64x256", 64, 256, P::wgmma);
+    d.stages = 3, d.k = 640;
+    v.push_back(d);
+    // Each stage released right after its own MMAs (no group kept in flight).
+    Case e = make("wgmma_no_overlap_gelu", 128, 128, P::wgmma, A::gelu_tanh);
+    e.overlap = 0, e.k = 1000;
+    v.push_back(e);
+    Case f = make("wgmma_no_overlap_splitk_tile128x256", 128, 256, P::wgmma);
+    f.overlap = 0, f.k = 1024, f.splits = 2;
+    v.push_back(f);
+    // Tiles strung into chains (each task's event gates the next of its chain), split-K included.
+    Case chained = make("wgmma_chained_splitk_swiglu", 128, 64, P::wgmma, A::swiglu);
+    chained.k = 640, chained.splits = 2, chained.chains = 5;
+    v.push_back(chained);
+    Case chained_sync = make("mma_sync_chained_tile64x128", 64, 128, P::mma_sync, A::relu, O::fp32);
+    chained_sync.chains = 3;
+    v.push_back(chained_sync);
+  }
+  return v;
+}
+
+class GpuGemm : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuGemm, MatchesFloat64Reference) {
+  LOOM_REQUIRE_GPU();
+  run_case(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuGemm, ::testing::ValuesIn(all_cases()),
+                         [](auto const& info) { return info.param.name; });
+
+// One expert per valid-row count 1..block_m: every partial tile height in one launch.
+TEST(GpuGemmRows, EveryValidRowCountOfATile) {
+  LOOM_REQUIRE_GPU();
+  for (g::MmaPath path : {g::MmaPath::wgmma, g::MmaPath::mma_sync}) {
+    for (std::uint16_t bm : {std::uint16_t{128}, std::uint16_t{64}}) {
+      Case c;
+      c.name = std::string("rows_1_to_") + std::to_string(bm) + "_" + g::to_string(path);
+      c.block_m = bm, c.block_n = bm == 128 ? 64 : 128, c.path = path;
+      c.experts = bm;
+      for (std::uint32_t r = 1; r <= bm; ++r) c.rows.push_back(r);
+      c.n = 128, c.k = 136;
+      c.act = g::GemmActivation::swiglu, c.bias = true, c.scale = true;
+      run_case(c, 1);
+    }
+  }
+}
+
+// The host heuristic's choices (split-K and narrow tiles for small M) compute the same function.
+TEST(GpuGemmHeuristic, ChosenConfigurationsAreCorrect) {
+  LOOM_REQUIRE_GPU();
+  for (auto [m, n, k] : {std::tuple{96u, 512u, 2048u}, std::tuple{300u, 1024u, 512u},
+                         std::tuple{1000u, 768u, 256u}}) {
+    g::GemmShape s;
+    s.m = m, s.n = n, s.k = k;
+    g::GemmConfig const cfg = g::choose_gemm_config(s);
+    Case c;
+    c.name = "heuristic_" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+             "_tile" + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "_split" +
+             std::to_string(cfg.splits);
+    c.block_m = cfg.block_m, c.block_n = cfg.block_n, c.splits = cfg.splits, c.stages = cfg.stages;
+    c.experts = 1, c.rows = {m}, c.n = n, c.k = k;
+    c.act = g::GemmActivation::gelu_tanh, c.bias = true;
+    run_case(c);
+  }
+}
+
+// The device-side payload check (dynamic tasks skip the host's validation): a tile naming an
+// expert B does not hold fails the launch with a message naming the task type.
+TEST(GpuGemmErrors, BadTileIsReportedAsATaskFailure) {
+  LOOM_REQUIRE_GPU();
+  std::vector<g::Bf16> a(64 * 64, g::to_bf16(1.0f)), b(64 * 64, g::to_bf16(1.0f));
+  loom::DeviceBuffer<g::Bf16> da(a), db(b);
+  loom::DeviceBuffer<g::Bf16> dc(64 * 64);
+  g::GemmDesc desc;
+  desc.a = da.get(), desc.a_rows = 64, desc.b = db.get(), desc.n = 64, desc.k = 64;
+  desc.c = dc.get();
+  g::GemmConfig cfg;
+  cfg.block_m = 128, cfg.block_n = 64, cfg.stages = 2;
+  g::DeviceGemm gemm(desc, cfg);
+  loom::tasks::GemmTileCoord t;
+  t.rows = 64;
+  auto p = GemmTile::payload(gemm.host_view(), gemm.device(), t);
+  p.expert = 7;  // past the one expert B holds
+  loom::GraphBuilder builder;
+  builder.add_task(GemmPipeline::make<GemmTile>(p));
+  loom::GpuExecutor<GemmPipeline> ex(builder.build());
+  try {
+    ex.run();
+    ADD_FAILURE() << "expected the bad tile to fail the launch";
+  } catch (loom::Error const& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_tile"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
