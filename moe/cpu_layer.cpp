@@ -9,7 +9,8 @@ namespace loom::moe {
 
 CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options)
     : config_(config) {
-  MoEView v = make_view_shape(config);
+  ExpertGemmConfigs const gemms = choose_expert_gemms(config);
+  MoEView v = make_view_shape(config, gemms);
   check_shapes(config, weights);
   router_ = weights.router;
   w1_ = pack_up_projection(config, weights);
@@ -50,9 +51,15 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   v.rows_arrived = rows_arrived_.data();
   v.up_done = up_done_.data();
   v.block_done = block_done_.data();
+  up_ops_ = std::make_unique<tasks::gemm::GemmOperands>(
+      tasks::gemm::make_operands(up_gemm_desc(config, pool_.data(), w1_.data(), h_.data()), gemms.up));
+  down_ops_ = std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
+      down_gemm_desc(config, h_.data(), w2_.data(), y_.data()), gemms.down));
+  v.up_ops = up_ops_.get();
+  v.down_ops = down_ops_.get();
   view_ = std::make_unique<MoEView>(v);
   std::vector<Graph> graphs;
-  graphs.push_back(build_moe_graph(config, view_.get()));
+  graphs.push_back(build_moe_graph(v, view_.get()));
   executor_ = std::make_unique<CpuExecutor<MoEPipeline>>(std::move(graphs), options);
 }
 

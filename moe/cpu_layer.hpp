@@ -41,6 +41,7 @@ class CpuMoELayer {
   std::vector<std::int32_t> ids_;
   std::vector<float> weights_, y_;
   std::vector<bf16> pool_, h_;
+  std::unique_ptr<tasks::gemm::GemmOperands> up_ops_, down_ops_;
   std::unique_ptr<MoEView> view_;
   std::unique_ptr<CpuExecutor<MoEPipeline>> executor_;
   std::uint32_t last_tokens_ = 0;

@@ -11,7 +11,7 @@ struct TilePayload {
   MoEView const* view;
   std::uint32_t row0;   // first pool row
   std::uint32_t mtile;  // global M-tile index (arrival counters)
-  std::uint16_t rows;   // valid rows, 1 .. kTileRows
+  std::uint16_t rows;   // valid rows, 1 .. tile_rows
   std::uint16_t expert;
   std::uint16_t ntile;
 };
@@ -43,15 +43,15 @@ struct GatherTokens {
   // After the row is written: one arrival on its M-tile; the last one emits the up row.
   LOOM_HD static void arrive(MoEView const& v, std::int32_t e, std::uint32_t index,
                              TaskContext& ctx) {
-    std::uint32_t const local_tile = index / kTileRows;
+    std::uint32_t const local_tile = index / v.tile_rows;
     std::uint32_t const count = v.offsets[e + 1] - v.offsets[e];
     std::uint32_t const rows =
-        count - local_tile * kTileRows < kTileRows ? count - local_tile * kTileRows : kTileRows;
+        count - local_tile * v.tile_rows < v.tile_rows ? count - local_tile * v.tile_rows : v.tile_rows;
     std::uint32_t const mtile = v.tile_base[e] + local_tile;
     if (fetch_add_acq_rel(v.rows_arrived[mtile], 1u) + 1 != rows) return;
     store_relaxed(v.rows_arrived[mtile], 0u);
     TilePayload tile{&v,
-                     v.offsets[e] + local_tile * kTileRows,
+                     v.offsets[e] + local_tile * v.tile_rows,
                      mtile,
                      static_cast<std::uint16_t>(rows),
                      static_cast<std::uint16_t>(e),
@@ -62,7 +62,7 @@ struct GatherTokens {
   static void host(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
-    for (std::uint32_t t = p.block * kTokenBlock; t < tokens && t < (p.block + 1) * kTokenBlock;
+    for (std::uint32_t t = p.block * v.token_block; t < tokens && t < (p.block + 1) * v.token_block;
          ++t) {
       for (std::uint32_t j = 0; j < v.top_k; ++j) {
         std::int32_t const e = v.topk_ids[std::size_t{t} * v.top_k + j];
@@ -83,11 +83,11 @@ struct GatherTokens {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * kTokenBlock;
+    std::uint32_t const t0 = p.block * v.token_block;
     if (t0 >= tokens) return;
-    std::uint32_t const n_tokens = tokens - t0 < kTokenBlock ? tokens - t0 : kTokenBlock;
+    std::uint32_t const n_tokens = tokens - t0 < v.token_block ? tokens - t0 : v.token_block;
     std::uint32_t const pairs = n_tokens * v.top_k;  // <= 32 * 8 = 256
-    __shared__ std::uint32_t row_of[kTokenBlock * kMaxTopK], index_of[kTokenBlock * kMaxTopK];
+    __shared__ std::uint32_t row_of[kMaxTokenBlock * kMaxTopK], index_of[kMaxTokenBlock * kMaxTopK];
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       std::int32_t const e = v.topk_ids[std::size_t{t0} * v.top_k + i];
       row_of[i] = e < 0 ? ~0u : claim(v, e, index_of[i]);
@@ -133,21 +133,43 @@ struct CombineTokens {
   static void host(Payload const& p, TaskContext&) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
-    for (std::uint32_t t = p.block * kTokenBlock; t < tokens && t < (p.block + 1) * kTokenBlock;
+    for (std::uint32_t t = p.block * v.token_block; t < tokens && t < (p.block + 1) * v.token_block;
          ++t)
       for (std::uint32_t c = 0; c < v.hidden; ++c)
         v.out[std::size_t{t} * v.hidden + c] = __float2bfloat16(combine(v, t, c));
   }
 
 #if defined(__CUDACC__)
+  // The block's routing words go to shared memory once; each thread then combines 4 columns of a
+  // token at a time with 16-byte reads of y.
   __device__ static void device(Payload const& p, TaskContext&) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * kTokenBlock;
-    std::uint32_t const t1 = t0 + kTokenBlock < tokens ? t0 + kTokenBlock : tokens;
-    for (std::uint32_t t = t0; t < t1; ++t)
-      for (std::uint32_t c = threadIdx.x; c < v.hidden; c += blockDim.x)
-        v.out[std::size_t{t} * v.hidden + c] = __float2bfloat16(combine(v, t, c));
+    std::uint32_t const t0 = p.block * v.token_block;
+    std::uint32_t const n =
+        t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
+    __shared__ float weight[kMaxTokenBlock * kMaxTopK];  // 0 where the slot has no expert
+    for (std::uint32_t i = threadIdx.x; i < n * v.top_k; i += blockDim.x) {
+      std::size_t const at = std::size_t{t0} * v.top_k + i;
+      weight[i] = v.topk_ids[at] < 0 ? 0.0f : v.topk_weights[at];
+    }
+    __syncthreads();
+    std::uint32_t const quads = v.hidden / 4;
+    std::size_t const slot_stride = std::size_t{v.max_tokens} * v.hidden;
+    for (std::uint32_t i = threadIdx.x; i < n * quads; i += blockDim.x) {
+      std::uint32_t const t = i / quads, c = (i - t * quads) * 4;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      float const* y = v.y + std::size_t{t0 + t} * v.hidden + c;
+      for (std::uint32_t j = 0; j < v.top_k; ++j) {
+        float const w = weight[t * v.top_k + j];
+        if (w == 0.0f && v.topk_ids[std::size_t{t0 + t} * v.top_k + j] < 0) continue;
+        float4 const yj = *reinterpret_cast<float4 const*>(y + j * slot_stride);
+        acc.x += w * yj.x, acc.y += w * yj.y, acc.z += w * yj.z, acc.w += w * yj.w;
+      }
+      bf16* out = v.out + std::size_t{t0 + t} * v.hidden + c;
+      reinterpret_cast<__nv_bfloat162*>(out)[0] = __floats2bfloat162_rn(acc.x, acc.y);
+      reinterpret_cast<__nv_bfloat162*>(out)[1] = __floats2bfloat162_rn(acc.z, acc.w);
+    }
   }
 #endif
 };

@@ -22,8 +22,10 @@ DeviceBuffer<T> zeros(std::size_t n) {
 
 }  // namespace
 
-GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, GpuOptions options)
-    : config_(config), shape_(make_view_shape(config)) {
+GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, GpuOptions options,
+                         tasks::gemm::MmaPath path)
+    : config_(config), shape_(make_view_shape(config, choose_expert_gemms(config, path))) {
+  ExpertGemmConfigs const gemms = choose_expert_gemms(config, path);
   check_shapes(config, weights);
   std::size_t const rows = std::size_t{config.max_tokens} * config.top_k;
   router_ = DeviceBuffer<bf16>(weights.router);
@@ -66,9 +68,14 @@ GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Gpu
   v.rows_arrived = rows_arrived_.get();
   v.up_done = up_done_.get();
   v.block_done = block_done_.get();
+  up_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
+      up_gemm_desc(config, pool_.get(), w1_.get(), h_.get()), gemms.up);
+  down_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
+      down_gemm_desc(config, h_.get(), w2_.get(), y_.get()), gemms.down);
+  v.up_ops = up_gemm_->device();
+  v.down_ops = down_gemm_->device();
   view_ = DeviceBuffer<MoEView>(std::vector<MoEView>{v});
-  executor_ =
-      std::make_unique<GpuExecutor<MoEPipeline>>(build_moe_graph(config, view_.get()), options);
+  executor_ = std::make_unique<GpuExecutor<MoEPipeline>>(build_moe_graph(v, view_.get()), options);
 }
 
 void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* out,

@@ -11,12 +11,15 @@
 #include "moe/weights.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
+#include "tasks/gemm/device_gemm.hpp"
 
 namespace loom::moe {
 
 class GpuMoELayer {
  public:
-  GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, GpuOptions options = {});
+  // `path`: the expert GEMMs' tensor-core instruction (mma_sync is the portable fallback).
+  GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, GpuOptions options = {},
+              tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
 
   MoEConfig const& config() const { return config_; }
 
@@ -48,6 +51,7 @@ class GpuMoELayer {
       block_pairs_, row_source_, rows_arrived_, up_done_, block_done_;
   DeviceBuffer<std::int32_t> ids_;
   DeviceBuffer<float> weights_, y_;
+  std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
   DeviceBuffer<MoEView> view_;
   std::unique_ptr<GpuExecutor<MoEPipeline>> executor_;
   std::uint32_t last_tokens_ = 0;

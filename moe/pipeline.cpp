@@ -2,19 +2,25 @@
 
 namespace loom::moe {
 
-MoEView make_view_shape(MoEConfig const& c) {
+MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms) {
   validate(c);
+  if (gemms.up.block_m != gemms.down.block_m)
+    throw Error("loom: the expert GEMMs must share one M-tile height (up " +
+                std::to_string(gemms.up.block_m) + ", down " + std::to_string(gemms.down.block_m) +
+                ")");
   MoEView v{};
   v.hidden = c.hidden;
   v.ffn = c.ffn;
   v.experts = c.experts;
   v.top_k = c.top_k;
   v.up_cols = c.up_columns();
-  v.up_tiles = v.up_cols / kTileCols;
-  v.down_tiles = c.hidden / kTileCols;
+  v.up_tiles = (v.up_cols + gemms.up.block_n - 1) / gemms.up.block_n;
+  v.down_tiles = (c.hidden + gemms.down.block_n - 1) / gemms.down.block_n;
+  v.tile_rows = gemms.up.block_m;
   v.max_tokens = c.max_tokens;
-  v.max_blocks = (c.max_tokens + kTokenBlock - 1) / kTokenBlock;
-  v.max_mtiles = max_mtiles(c.max_tokens, c.top_k, c.experts);
+  v.token_block = token_block_for(c.max_tokens);
+  v.max_blocks = (c.max_tokens + v.token_block - 1) / v.token_block;
+  v.max_mtiles = max_mtiles(c.max_tokens, c.top_k, c.experts, v.tile_rows);
   v.activation = c.activation;
   v.score = c.router;
   v.renormalize = c.renormalize;
@@ -28,8 +34,7 @@ std::uint32_t dynamic_bound(MoEView const& v) {
   return v.max_mtiles * (v.up_tiles + v.down_tiles) + v.max_blocks;
 }
 
-Graph build_moe_graph(MoEConfig const& c, MoEView const* view) {
-  MoEView const shape = make_view_shape(c);
+Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
   EventId const routed = b.add_event(shape.max_blocks);
   EventId const planned = b.add_event(1);

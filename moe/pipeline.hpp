@@ -3,6 +3,7 @@
 // is emitted at run time from the routing).
 #pragma once
 
+#include "moe/expert_gemms.hpp"
 #include "moe/expert_tasks.hpp"
 #include "moe/route_task.hpp"
 #include "runtime/graph.hpp"
@@ -14,10 +15,10 @@ using MoEPipeline =
     Pipeline<RouteTokens, PlanExperts, GatherTokens, ExpertUp, ExpertDown, CombineTokens>;
 
 // The shape-derived part of a view (no pointers), and the type ids for dynamic emission.
-MoEView make_view_shape(MoEConfig const& config);
+MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms);
 
 // The graph over a view that lives in the executor's memory at `view`.
-Graph build_moe_graph(MoEConfig const& config, MoEView const* view);
+Graph build_moe_graph(MoEView const& shape, MoEView const* view);
 
 // Dynamic tasks one call may emit: every possible up and down tile and every combine.
 std::uint32_t dynamic_bound(MoEView const& shape);

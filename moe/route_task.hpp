@@ -31,7 +31,7 @@ LOOM_HD inline std::uint32_t check_given_routing(MoEView const& v, std::uint32_t
 struct RouteTokens {
   static constexpr char const* name = "moe_route";
   static constexpr unsigned threads = 128;
-  static constexpr unsigned shared_bytes = 4 * kMaxExperts * sizeof(float);  // logits, per warp
+  static constexpr unsigned shared_bytes = kMaxTokenBlock * kMaxExperts * sizeof(float);  // logits
   using Payload = BlockPayload;
 
   // Turns a failed routing check (code from check_given_routing, token, offending id) into words.
@@ -46,9 +46,9 @@ struct RouteTokens {
   static void host(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * kTokenBlock;
+    std::uint32_t const t0 = p.block * v.token_block;
     if (t0 >= tokens) return;  // beyond this call's tokens: plan gives the slack back
-    std::uint32_t const t1 = t0 + kTokenBlock < tokens ? t0 + kTokenBlock : tokens;
+    std::uint32_t const t1 = t0 + v.token_block < tokens ? t0 + v.token_block : tokens;
     float logits[kMaxExperts];
     std::uint32_t pairs = 0;
     for (std::uint32_t t = t0; t < t1; ++t) {
@@ -86,61 +86,66 @@ struct RouteTokens {
   }
 
 #if defined(__CUDACC__)
-  // One warp per token: lanes compute the logits (expert e on lane e % 32), lane 0 scores and
-  // picks the top k.
+  // Every warp takes (token, expert) dot products in turn, lanes striding along H with 16-byte
+  // loads and a shuffle reduction; then one lane per token scores and picks the top k.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * kTokenBlock;
+    std::uint32_t const t0 = p.block * v.token_block;
     if (t0 >= tokens) return;
-    std::uint32_t const t1 = t0 + kTokenBlock < tokens ? t0 + kTokenBlock : tokens;
+    std::uint32_t const n = tokens - t0 < v.token_block ? tokens - t0 : v.token_block;
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    float* logits = static_cast<float*>(ctx.shared_memory()) + warp * kMaxExperts;
+    float* logits = static_cast<float*>(ctx.shared_memory());  // [token_block][experts]
     __shared__ std::uint32_t pairs;
     __shared__ bool failed;
     if (threadIdx.x == 0) pairs = 0, failed = false;
-    __syncthreads();
-    for (std::uint32_t t = t0 + warp; t < t1; t += warps) {
-      std::int32_t* ids = v.topk_ids + std::size_t{t} * v.top_k;
-      if (v.call[1] == 0) {
-        bf16 const* xt = v.x + std::size_t{t} * v.hidden;
-        for (std::uint32_t e = lane; e < v.experts; e += 32) {
-          bf16 const* wr = v.router_w + std::size_t{e} * v.hidden;
-          float acc = 0.0f;
-          for (std::uint32_t c = 0; c < v.hidden; c += 8) {
-            uint4 const xv = *reinterpret_cast<uint4 const*>(xt + c);
-            uint4 const wv = *reinterpret_cast<uint4 const*>(wr + c);
-            bf16 const* xs = reinterpret_cast<bf16 const*>(&xv);
-            bf16 const* ws = reinterpret_cast<bf16 const*>(&wv);
+    bool const given = v.call[1] != 0;
+    if (!given) {
+      for (std::uint32_t job = warp; job < n * v.experts; job += warps) {
+        std::uint32_t const t = job / v.experts, e = job - t * v.experts;
+        bf16 const* xt = v.x + std::size_t{t0 + t} * v.hidden;
+        bf16 const* wr = v.router_w + std::size_t{e} * v.hidden;
+        float acc = 0.0f;
+        for (std::uint32_t c = lane * 8; c < v.hidden; c += 256) {
+          uint4 const xv = *reinterpret_cast<uint4 const*>(xt + c);
+          uint4 const wv = *reinterpret_cast<uint4 const*>(wr + c);
+          __nv_bfloat162 const* xs = reinterpret_cast<__nv_bfloat162 const*>(&xv);
+          __nv_bfloat162 const* ws = reinterpret_cast<__nv_bfloat162 const*>(&wv);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc += __bfloat162float(xs[i]) * __bfloat162float(ws[i]);
+          for (int i = 0; i < 4; ++i) {
+            float2 const a = __bfloat1622float2(xs[i]), b = __bfloat1622float2(ws[i]);
+            acc += a.x * b.x + a.y * b.y;
           }
-          logits[e] = acc;
         }
-        __syncwarp();
-        if (lane == 0) {
-          score_logits(logits, v.experts, v.score);
-          select_top_k(logits, v.experts, v.top_k, v.renormalize, ids,
-                       v.topk_weights + std::size_t{t} * v.top_k);
-        }
-        __syncwarp();
-      } else if (lane == 0) {
+        for (int offset = 16; offset > 0; offset /= 2)
+          acc += __shfl_xor_sync(0xFFFFFFFFu, acc, offset);
+        if (lane == 0) logits[t * v.experts + e] = acc;
+      }
+    }
+    __syncthreads();
+    for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x) {
+      std::uint32_t const token = t0 + t;
+      std::int32_t* ids = v.topk_ids + std::size_t{token} * v.top_k;
+      if (!given) {
+        float* row = logits + t * v.experts;
+        score_logits(row, v.experts, v.score);
+        select_top_k(row, v.experts, v.top_k, v.renormalize, ids,
+                     v.topk_weights + std::size_t{token} * v.top_k);
+      } else {
         std::int32_t offender = 0;
-        if (std::uint32_t const bad = check_given_routing(v, t, offender)) {
-          ctx.fail(bad, t, static_cast<std::uint64_t>(offender));
+        if (std::uint32_t const bad = check_given_routing(v, token, offender)) {
+          ctx.fail(bad, token, static_cast<std::uint64_t>(offender));
           failed = true;
+          continue;
         }
       }
-      __syncwarp();
-      if (lane == 0 && !failed) {
-        std::uint32_t n = 0;
-        for (std::uint32_t j = 0; j < v.top_k; ++j) {
-          if (ids[j] < 0) continue;
-          atomicAdd(&v.counts[ids[j]], 1u);
-          ++n;
-        }
-        atomicAdd(&pairs, n);
+      std::uint32_t routed = 0;
+      for (std::uint32_t j = 0; j < v.top_k; ++j) {
+        if (ids[j] < 0) continue;
+        atomicAdd(&v.counts[ids[j]], 1u);
+        ++routed;
       }
+      atomicAdd(&pairs, routed);
     }
     __syncthreads();
     if (threadIdx.x == 0 && !failed) {
@@ -169,13 +174,13 @@ struct PlanExperts {
       v.offsets[e] = rows;
       v.tile_base[e] = tiles;
       rows += c;
-      tiles += (c + kTileRows - 1) / kTileRows;
+      tiles += (c + v.tile_rows - 1) / v.tile_rows;
       v.counts[e] = 0;
       v.fill[e] = 0;
     }
     v.offsets[v.experts] = rows;
     v.tile_base[v.experts] = tiles;
-    std::uint32_t const active_blocks = (v.call[0] + kTokenBlock - 1) / kTokenBlock;
+    std::uint32_t const active_blocks = (v.call[0] + v.token_block - 1) / v.token_block;
     ctx.retire((v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles) +
                (v.max_blocks - active_blocks));
   }

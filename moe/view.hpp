@@ -2,12 +2,12 @@
 // the CPU executor, device memory on the GPU) plus the shape. Tasks carry a pointer to it.
 //
 // Data flow of one call (T tokens, E experts, top-k):
-//   route   (per block of kTokenBlock tokens): top-k ids and weights, per-expert counts,
+//   route   (per block of token_block tokens): top-k ids and weights, per-expert counts,
 //           per-block pair counts; a block with no routed pair emits its combine at once
 //   plan    (one task, after every route): offsets, tiles per expert; gives back unused bound
 //   gather  (per token block, after plan): copies each token row to its expert's pool rows; the
 //           last row of an M-tile to arrive emits that tile's up-projection tasks
-//   up      (per M-tile x N-tile): act(x_e · W1_e) into h; the last N-tile of an M-tile emits
+//   up      (per M-tile x N-tile, a tensor-core GEMM tile): act(x_e · W1_e) into h; the last N-tile of an M-tile emits
 //           its down-projection tasks
 //   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32); the last arrival
 //           for a token block emits its combine
@@ -20,20 +20,28 @@
 
 #include "moe/config.hpp"
 #include "runtime/config.hpp"
+#include "tasks/gemm/operands.hpp"
 
 namespace loom::moe {
 
 using bf16 = __nv_bfloat16;
 
-inline constexpr std::uint32_t kTokenBlock = 32;  // tokens per route / gather / combine task
-inline constexpr std::uint32_t kTileRows = 64;    // rows per expert GEMM M-tile
-inline constexpr std::uint32_t kTileCols = 64;    // columns per expert GEMM N-tile (before SwiGLU)
+// Tokens per route / gather / combine task: at most kMaxTokenBlock, fewer for small batches so
+// that those tasks still spread over the GPU (see token_block_for).
+inline constexpr std::uint32_t kMaxTokenBlock = 32;
+inline std::uint32_t token_block_for(std::uint32_t max_tokens) {
+  std::uint32_t b = 1;
+  while (b < kMaxTokenBlock && max_tokens / (2 * b) >= 256) b *= 2;
+  return b;
+}
 
 struct MoEView {
   // Shape (fixed at construction).
   std::uint32_t hidden, ffn, experts, top_k;
   std::uint32_t up_cols;               // columns of W1 as packed (2*ffn for SwiGLU)
   std::uint32_t up_tiles, down_tiles;  // N-tiles of the two GEMMs
+  std::uint32_t tile_rows;             // rows per expert M-tile: both GEMMs' block_m
+  std::uint32_t token_block;           // tokens per route / gather / combine task
   std::uint32_t max_tokens, max_blocks, max_mtiles;
   Activation activation;
   RouterScore score;
@@ -50,6 +58,10 @@ struct MoEView {
   bf16 const* router_w;  // [E][H]
   bf16 const* w1;        // [E][up_cols][H], gate/up interleaved per N-tile for SwiGLU
   bf16 const* w2;        // [E][H][ffn]
+  // The expert GEMMs (tasks/gemm_tile.hpp): up = pool · W1ᵀ with the activation into h; down =
+  // h · W2ᵀ, fp32, delivered row by row to y[slot][token].
+  tasks::gemm::GemmOperands const* up_ops;
+  tasks::gemm::GemmOperands const* down_ops;
 
   // Routing.
   std::int32_t* topk_ids;        // [T][k], -1: no expert
@@ -76,13 +88,13 @@ struct MoEView {
 // Payload of the per-token-block tasks (route, gather, combine).
 struct BlockPayload {
   MoEView const* view;
-  std::uint32_t block;  // tokens [block * kTokenBlock, ...)
+  std::uint32_t block;  // tokens [block * token_block, ...)
 };
 
 // Bounds the graph declares for dynamic emission.
 inline std::uint32_t max_mtiles(std::uint32_t max_tokens, std::uint32_t top_k,
-                                std::uint32_t experts) {
-  return (max_tokens * top_k) / kTileRows + experts;
+                                std::uint32_t experts, std::uint32_t tile_rows) {
+  return (max_tokens * top_k) / tile_rows + experts;
 }
 
 }  // namespace loom::moe

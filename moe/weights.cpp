@@ -61,12 +61,12 @@ std::vector<bf16> pack_up_projection(MoEConfig const& c, MoEWeights const& w) {
   if (c.activation != Activation::swiglu) return w.gate;
   std::vector<bf16> packed(std::size_t{c.experts} * 2 * d * h);
   for (std::size_t e = 0; e < c.experts; ++e)
-    for (std::size_t col = 0; col < 2 * d; ++col) {
-      std::size_t const tile = col / kTileCols, within = col % kTileCols;
-      bool const is_up = within >= kTileCols / 2;
-      std::size_t const src_row = tile * (kTileCols / 2) + within % (kTileCols / 2);
-      bf16 const* src = (is_up ? w.up : w.gate).data() + (e * d + src_row) * h;
-      std::copy(src, src + h, packed.begin() + (e * 2 * d + col) * h);
+    for (std::uint32_t o = 0; o < d; ++o) {
+      bf16 const* gate = w.gate.data() + (e * d + o) * h;
+      bf16 const* up = w.up.data() + (e * d + o) * h;
+      std::copy(gate, gate + h,
+                packed.begin() + (e * 2 * d + tasks::gemm::swiglu_gate_column(o)) * h);
+      std::copy(up, up + h, packed.begin() + (e * 2 * d + tasks::gemm::swiglu_up_column(o)) * h);
     }
   return packed;
 }

@@ -22,8 +22,9 @@ MoEWeights random_weights(MoEConfig const& config, std::uint64_t seed);
 // Throws loom::Error when a tensor's size does not match the config.
 void check_shapes(MoEConfig const& config, MoEWeights const& weights);
 
-// W1 as the up-projection tiles read it: [E][up_columns][H]; for SwiGLU each kTileCols-wide
-// N-tile n holds gate rows [32n, 32n+32) then the matching up rows.
+// W1 as the up-projection GEMM reads it: [E][up_columns][H]; for SwiGLU the gate and up rows
+// alternate in blocks of 8 (tasks/gemm/config.hpp, swiglu_gate_column), so every GEMM tile holds
+// matching gate/up columns.
 std::vector<bf16> pack_up_projection(MoEConfig const& config, MoEWeights const& weights);
 
 std::vector<bf16> random_tokens(MoEConfig const& config, std::uint32_t tokens, std::uint64_t seed);

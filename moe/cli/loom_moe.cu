@@ -52,7 +52,7 @@ class Progress {
 Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
             std::uint32_t tokens, unsigned iters, bool trace) {
   loom::CpuOptions options;
-  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c)) : 0;
+  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
   CpuMoELayer layer(c, w, options);
   Run r;
   r.device = "CPU executor (" + std::to_string(options.processors) + " processor threads)";
@@ -75,7 +75,7 @@ Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
 Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
              std::uint32_t tokens, unsigned iters, bool trace) {
   loom::GpuOptions options;
-  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c)) : 0;
+  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
   GpuMoELayer layer(c, w, options);
   cudaDeviceProp prop{};
   int dev = 0;

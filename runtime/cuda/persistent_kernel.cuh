@@ -15,6 +15,13 @@ struct ProcessorShared {
   TaskRef ref;
 };
 
+// A block barrier that first reconverges each warp: thread 0's waits and a task body's
+// lane-divergent paths must not leave a warp split when it reaches bar.sync.
+__device__ __forceinline__ void block_barrier() {
+  __syncwarp();
+  __syncthreads();
+}
+
 // Processor block: thread 0 waits for the doorbell, completes events and reports idle; every
 // thread copies the descriptor and runs the body. Three block barriers per task. When thread 0's
 // arrival releases a successor and the scheduler holds no backlog, the block runs that successor
@@ -44,7 +51,7 @@ __device__ void run_processor_block(RuntimeState const& s, SymmetricView const& 
       }
       sh.ref = alive ? ref : kStopRef;
     }
-    __syncthreads();
+    block_barrier();
     TaskRef const ref = sh.ref;
     if (ref == kStopRef) return;
     // Dynamic descriptors were written by other SMs in this launch: read them from L2.
@@ -52,11 +59,11 @@ __device__ void run_processor_block(RuntimeState const& s, SymmetricView const& 
       uint4 const* src = reinterpret_cast<uint4 const*>(&s.task(ref));
       reinterpret_cast<uint4*>(&sh.task)[threadIdx.x] = __ldcg(src + threadIdx.x);
     }
-    __syncthreads();
+    block_barrier();
     std::uint64_t const start = (s.trace && threadIdx.x == 0) ? now_ns() : 0;
     ctx.set_task_type(sh.task.header.type);
     Pipeline::run_device(sh.task, ctx);  // an unknown type is recorded as an error
-    __syncthreads();
+    block_barrier();
     if (threadIdx.x == 0) {
       Task const& task = sh.task;
       record_trace(s, task, me, start);

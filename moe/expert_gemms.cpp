@@ -1,0 +1,50 @@
+#include "moe/expert_gemms.hpp"
+
+namespace loom::moe {
+
+using namespace tasks::gemm;
+
+ExpertGemmConfigs choose_expert_gemms(MoEConfig const& c, MmaPath path) {
+  double const rows_per_expert = double(c.max_tokens) * c.top_k / c.experts;
+  GemmConfig g{};
+  g.block_m = rows_per_expert <= 96 ? 64 : 128;
+  g.block_n = 128;
+  g.splits = 1;
+  g.path = path;
+  g.stages = static_cast<std::uint8_t>(g.max_stages());
+  return ExpertGemmConfigs{g, g};
+}
+
+GemmDesc up_gemm_desc(MoEConfig const& c, bf16 const* pool, bf16 const* w1, bf16* h) {
+  GemmDesc d;
+  d.a = reinterpret_cast<Bf16 const*>(pool);
+  d.a_rows = c.max_tokens * c.top_k;
+  d.b = reinterpret_cast<Bf16 const*>(w1);
+  d.experts = c.experts;
+  d.n = c.up_columns();
+  d.k = c.hidden;
+  d.c = h;
+  d.ldc = c.ffn;
+  d.output = OutputType::bf16;
+  d.activation = c.activation == Activation::swiglu ? GemmActivation::swiglu
+                 : c.activation == Activation::gelu ? GemmActivation::gelu_tanh
+                                                    : GemmActivation::relu;
+  return d;
+}
+
+GemmDesc down_gemm_desc(MoEConfig const& c, bf16 const* h, bf16 const* w2, float* y) {
+  GemmDesc d;
+  d.a = reinterpret_cast<Bf16 const*>(h);
+  d.a_rows = c.max_tokens * c.top_k;
+  d.b = reinterpret_cast<Bf16 const*>(w2);
+  d.experts = c.experts;
+  d.n = c.hidden;
+  d.k = c.ffn;
+  d.c = y;  // the sink writes rows to their (slot, token) place; C names the buffer
+  d.ldc = c.hidden;
+  d.output = OutputType::fp32;
+  d.activation = GemmActivation::none;
+  return d;
+}
+
+}  // namespace loom::moe
