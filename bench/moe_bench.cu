@@ -13,6 +13,8 @@
 // runs), and each time over the floor = max(FLOPs / cuBLAS bf16 peak, bytes of expert weights
 // hit / copy bandwidth), both ceilings measured once at start-up (moe/cli/floor.cu).
 #include <benchmark/benchmark.h>
+
+#include "bench/event_timer.cuh"
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
@@ -227,28 +229,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-class EventTimer {
- public:
-  EventTimer() {
-    LOOM_CUDA(cudaEventCreate(&start_));
-    LOOM_CUDA(cudaEventCreate(&stop_));
-  }
-  ~EventTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  void start(cudaStream_t s) { LOOM_CUDA(cudaEventRecord(start_, s)); }
-  double stop_seconds(cudaStream_t s) {
-    LOOM_CUDA(cudaEventRecord(stop_, s));
-    LOOM_CUDA(cudaEventSynchronize(stop_));
-    float ms = 0;
-    LOOM_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-    return ms * 1e-3;
-  }
-
- private:
-  cudaEvent_t start_, stop_;
-};
+using loom::bench::EventTimer;
 
 void BM_MoE(benchmark::State& state, std::size_t case_index, Mode mode, Impl impl) {
   if (loom::cuda_device_count() == 0) {

@@ -6,6 +6,8 @@
 // Timed with CUDA events; Google Benchmark reports the median over repetitions.
 #include <benchmark/benchmark.h>
 
+#include "bench/event_timer.cuh"
+
 #include <algorithm>
 #include <vector>
 
@@ -38,28 +40,7 @@ loom::Graph chain_graph(std::uint32_t n) {
   return b.build();
 }
 
-class EventTimer {
- public:
-  EventTimer() {
-    LOOM_CUDA(cudaEventCreate(&start_));
-    LOOM_CUDA(cudaEventCreate(&stop_));
-  }
-  ~EventTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  void start(cudaStream_t s) { LOOM_CUDA(cudaEventRecord(start_, s)); }
-  double stop_seconds(cudaStream_t s) {
-    LOOM_CUDA(cudaEventRecord(stop_, s));
-    LOOM_CUDA(cudaEventSynchronize(stop_));
-    float ms = 0;
-    LOOM_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-    return ms * 1e-3;
-  }
-
- private:
-  cudaEvent_t start_, stop_;
-};
+using loom::bench::EventTimer;
 
 void set_device_label(benchmark::State& state) {
   cudaDeviceProp prop{};
