@@ -18,7 +18,11 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms) {
   v.down_tiles = (c.hidden + gemms.down.block_n - 1) / gemms.down.block_n;
   v.tile_rows = gemms.up.block_m;
   v.max_tokens = c.max_tokens;
-  v.token_block = token_block_for(c.max_tokens);
+  v.token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
+  if (std::size_t{v.token_block} * (c.hidden * 2 + c.experts * 4) > kRouteSharedBytes)
+    throw Error("loom: MoEConfig: hidden=" + std::to_string(c.hidden) + " with experts=" +
+                std::to_string(c.experts) + " needs more than " +
+                std::to_string(kRouteSharedBytes) + " bytes of router staging per token");
   v.max_blocks = (c.max_tokens + v.token_block - 1) / v.token_block;
   v.max_mtiles = max_mtiles(c.max_tokens, c.top_k, c.experts, v.tile_rows);
   v.activation = c.activation;

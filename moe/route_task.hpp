@@ -31,7 +31,7 @@ LOOM_HD inline std::uint32_t check_given_routing(MoEView const& v, std::uint32_t
 struct RouteTokens {
   static constexpr char const* name = "moe_route";
   static constexpr unsigned threads = 128;
-  static constexpr unsigned shared_bytes = kMaxTokenBlock * kMaxExperts * sizeof(float);  // logits
+  static constexpr unsigned shared_bytes = kRouteSharedBytes;  // token rows and logits
   using Payload = BlockPayload;
 
   // Turns a failed routing check (code from check_given_routing, token, offending id) into words.
@@ -86,8 +86,10 @@ struct RouteTokens {
   }
 
 #if defined(__CUDACC__)
-  // Every warp takes (token, expert) dot products in turn, lanes striding along H with 16-byte
-  // loads and a shuffle reduction; then one lane per token scores and picks the top k.
+  // The block's token rows are staged in shared memory; each warp then takes one expert at a
+  // time and streams its router row once (16 bytes a lane, coalesced) against every token of the
+  // block, keeping one partial sum per token in registers. One lane per token then scores and
+  // picks the top k.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
@@ -95,31 +97,53 @@ struct RouteTokens {
     if (t0 >= tokens) return;
     std::uint32_t const n = tokens - t0 < v.token_block ? tokens - t0 : v.token_block;
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    float* logits = static_cast<float*>(ctx.shared_memory());  // [token_block][experts]
+    auto* const smem = static_cast<unsigned char*>(ctx.shared_memory());
+    float* const logits = reinterpret_cast<float*>(smem);  // [n][experts]
+    bf16* const xs = reinterpret_cast<bf16*>(
+        smem + (std::size_t{n} * v.experts * sizeof(float) + 15) / 16 * 16);  // [n][hidden]
     __shared__ std::uint32_t pairs;
     __shared__ bool failed;
     if (threadIdx.x == 0) pairs = 0, failed = false;
     bool const given = v.call[1] != 0;
     if (!given) {
-      for (std::uint32_t job = warp; job < n * v.experts; job += warps) {
-        std::uint32_t const t = job / v.experts, e = job - t * v.experts;
-        bf16 const* xt = v.x + std::size_t{t0 + t} * v.hidden;
-        bf16 const* wr = v.router_w + std::size_t{e} * v.hidden;
-        float acc = 0.0f;
-        for (std::uint32_t c = lane * 8; c < v.hidden; c += 256) {
-          uint4 const xv = *reinterpret_cast<uint4 const*>(xt + c);
-          uint4 const wv = *reinterpret_cast<uint4 const*>(wr + c);
-          __nv_bfloat162 const* xs = reinterpret_cast<__nv_bfloat162 const*>(&xv);
-          __nv_bfloat162 const* ws = reinterpret_cast<__nv_bfloat162 const*>(&wv);
+      uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden);
+      for (std::uint32_t i = threadIdx.x; i < n * v.hidden / 8; i += blockDim.x)
+        reinterpret_cast<uint4*>(xs)[i] = src[i];
+      __syncthreads();
+      for (std::uint32_t e = warp; e < v.experts; e += warps) {
+        float acc[kMaxTokenBlock];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float2 const a = __bfloat1622float2(xs[i]), b = __bfloat1622float2(ws[i]);
-            acc += a.x * b.x + a.y * b.y;
+        for (std::uint32_t t = 0; t < kMaxTokenBlock; ++t) acc[t] = 0.0f;
+        bf16 const* wr = v.router_w + std::size_t{e} * v.hidden;
+        for (std::uint32_t c = lane * 8; c < v.hidden; c += 256) {
+          uint4 const wv = *reinterpret_cast<uint4 const*>(wr + c);
+          __nv_bfloat162 const* ws = reinterpret_cast<__nv_bfloat162 const*>(&wv);
+          float2 w[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) w[i] = __bfloat1622float2(ws[i]);
+#pragma unroll
+          for (std::uint32_t t = 0; t < kMaxTokenBlock; ++t) {
+            if (t < n) {  // a predicate, not a break: acc stays in registers
+              uint4 const xv =
+                  *reinterpret_cast<uint4 const*>(xs + std::size_t{t} * v.hidden + c);
+              __nv_bfloat162 const* xh = reinterpret_cast<__nv_bfloat162 const*>(&xv);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                float2 const a = __bfloat1622float2(xh[i]);
+                acc[t] += a.x * w[i].x + a.y * w[i].y;
+              }
+            }
           }
         }
-        for (int offset = 16; offset > 0; offset /= 2)
-          acc += __shfl_xor_sync(0xFFFFFFFFu, acc, offset);
-        if (lane == 0) logits[t * v.experts + e] = acc;
+#pragma unroll
+        for (std::uint32_t t = 0; t < kMaxTokenBlock; ++t) {
+          if (t < n) {
+            float s = acc[t];
+            for (int offset = 16; offset > 0; offset /= 2)
+              s += __shfl_xor_sync(0xFFFFFFFFu, s, offset);
+            if (lane == 0) logits[t * v.experts + e] = s;
+          }
+        }
       }
     }
     __syncthreads();

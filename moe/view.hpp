@@ -27,11 +27,17 @@ namespace loom::moe {
 using bf16 = __nv_bfloat16;
 
 // Tokens per route / gather / combine task: at most kMaxTokenBlock, fewer for small batches so
-// that those tasks still spread over the GPU (see token_block_for).
+// that those tasks still spread over the GPU, and few enough that a block's token rows and logits
+// fit the route task's shared memory (kRouteSharedBytes).
 inline constexpr std::uint32_t kMaxTokenBlock = 32;
-inline std::uint32_t token_block_for(std::uint32_t max_tokens) {
+inline constexpr std::uint32_t kRouteSharedBytes = 160 * 1024;
+inline std::uint32_t token_block_for(std::uint32_t max_tokens, std::uint32_t hidden,
+                                     std::uint32_t experts) {
+  std::uint32_t const per_token_bytes = hidden * 2 + experts * 4;
   std::uint32_t b = 1;
-  while (b < kMaxTokenBlock && max_tokens / (2 * b) >= 256) b *= 2;
+  while (b < kMaxTokenBlock && max_tokens / (2 * b) >= 256 &&
+         2 * b * per_token_bytes <= kRouteSharedBytes)
+    b *= 2;
   return b;
 }
 
