@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/event_timer.cuh"
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "tasks/gemm/device_gemm.hpp"
@@ -53,28 +54,7 @@ void fill(loom::DeviceBuffer<g::Bf16>& buf, std::uint64_t seed, float scale) {
   LOOM_CUDA(cudaGetLastError());
 }
 
-class Events {
- public:
-  Events() {
-    LOOM_CUDA(cudaEventCreate(&a_));
-    LOOM_CUDA(cudaEventCreate(&b_));
-  }
-  ~Events() {
-    cudaEventDestroy(a_);
-    cudaEventDestroy(b_);
-  }
-  void start(cudaStream_t s) { LOOM_CUDA(cudaEventRecord(a_, s)); }
-  double stop_seconds(cudaStream_t s) {
-    LOOM_CUDA(cudaEventRecord(b_, s));
-    LOOM_CUDA(cudaEventSynchronize(b_));
-    float ms = 0;
-    LOOM_CUDA(cudaEventElapsedTime(&ms, a_, b_));
-    return ms * 1e-3;
-  }
-
- private:
-  cudaEvent_t a_, b_;
-};
+using loom::bench::EventTimer;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -87,7 +67,7 @@ double hbm_bytes_per_second() {
     std::size_t const bytes = std::size_t{1} << 30;
     loom::DeviceBuffer<unsigned char> src(bytes), dst(bytes);
     src.fill_bytes(1);
-    Events ev;
+    EventTimer ev;
     std::vector<double> t;
     for (int i = 0; i < 7; ++i) {
       ev.start(nullptr);
@@ -117,7 +97,7 @@ void print_trace(loom::Graph const& graph, std::uint32_t m, std::uint32_t n, std
   loom::GpuExecutor<GemmPipeline> ex(graph, options);
   ex.run();
   (void)ex.take_trace();
-  Events ev;
+  EventTimer ev;
   ev.start(nullptr);
   ex.launch();
   double const wall_us = ev.stop_seconds(nullptr) * 1e6;
@@ -220,7 +200,7 @@ void BM_GemmVsCublas(benchmark::State& state) {
   for (auto& s : in) cublas(s, c_ref.get());
   LOOM_CUDA(cudaDeviceSynchronize());
 
-  Events ev;
+  EventTimer ev;
   std::vector<double> loom_s, cublas_s;
   for (auto _ : state) {
     ev.start(nullptr);
@@ -278,7 +258,7 @@ void BM_GemmLaunchFloor(benchmark::State& state) {
   g::add_gemm_tiles<GemmPipeline>(builder, gemm, {0, 0, 0, 1}, slot);
   loom::GpuExecutor<GemmPipeline> ex(builder.build());
   ex.run();
-  Events ev;
+  EventTimer ev;
   constexpr int kLaunches = 20;
   std::vector<double> t;
   for (auto _ : state) {

@@ -9,23 +9,14 @@
 #include "moe/gpu_layer.cuh"
 #include "moe/reference.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
+#include "tests/gpu/moe_test_util.cuh"
 
 namespace {
 
 using namespace loom::moe;
 
-MoEConfig config(Activation act, RouterScore score, std::uint32_t hidden, std::uint32_t ffn,
-                 std::uint32_t experts, std::uint32_t top_k, std::uint32_t max_tokens) {
-  MoEConfig c;
-  c.hidden = hidden, c.ffn = ffn, c.experts = experts, c.top_k = top_k;
-  c.activation = act, c.router = score, c.max_tokens = max_tokens;
-  return c;
-}
-
-struct Case {
-  MoEConfig config;
-  std::uint32_t tokens;
-};
+using moe_test::Case;
+using moe_test::config;
 
 class GpuMoE : public ::testing::TestWithParam<Case> {};
 
