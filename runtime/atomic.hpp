@@ -44,4 +44,10 @@ LOOM_HD LOOM_INLINE bool compare_exchange(T& word, T& expected, T desired) {
                                                               cuda::memory_order_acq_rel);
 }
 
+// Orders this thread's later reads after the relaxed reads before it (which saw released values).
+template <cuda::thread_scope S = cuda::thread_scope_device>
+LOOM_HD LOOM_INLINE void fence_acquire() {
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, S);
+}
+
 }  // namespace loom

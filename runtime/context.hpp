@@ -41,6 +41,15 @@ class TaskContext {
     Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
     return loom::arrive(state_, e, epoch_, who_, dog);
   }
+  // The launch's watchdog bound, for actors that time their own waits (0: unbounded).
+  LOOM_HD std::uint64_t watchdog_ns() const { return state_.watchdog_ns; }
+  // Records that a wait of this actor on `site` / `object` outlived its bound (a decoder waiting
+  // on a peer names the peer rank as `object` with WaitSite::signal).
+  LOOM_HD void report_stalled_wait(WaitSite site, std::uint32_t object, std::uint64_t expected,
+                                   std::uint64_t seen) const {
+    raise_error(*state_.error, ErrorCode::watchdog, who_.actor, who_.block, who_.rank,
+                static_cast<std::uint32_t>(site), object, expected, seen);
+  }
   // A watchdog for a wait inside a task body (e.g. on a peer's signal).
   LOOM_HD Watchdog watchdog(WaitSite site, std::uint32_t object) const {
     return Watchdog(*state_.error, who_, state_.watchdog_ns, site, object);

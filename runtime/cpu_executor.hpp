@@ -150,10 +150,11 @@ class CpuExecutor {
             with_chaos([&s, i, heap, this, r] { run_subscriber(s, i, decoders_[r], heap); }));
     }
     pool_.run_all(bodies);
+    // Every failing rank's report, one line each (a missing peer shows on all the others).
     std::string message;
     for (auto& rank : ranks_) {
       ErrorRecord const e = rank->take_error();
-      if (e.code != 0 && message.empty()) message = Pipeline::describe(e);
+      if (e.code != 0) message += (message.empty() ? "" : "\n") + Pipeline::describe(e);
     }
     if (!message.empty()) {
       // Every rank restarts at one epoch past the failed launch, together.

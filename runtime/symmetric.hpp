@@ -11,11 +11,16 @@
 
 namespace loom {
 
+// Host only: appends one remote write to a RemoteWriteLog (runtime/symmetric_layout.hpp).
+void record_remote_write(void* log, std::uint32_t writer, std::uint32_t target,
+                         std::uint64_t offset, std::uint64_t bytes);
+
 struct SymmetricView {
   unsigned char* bases[kMaxRanks];
   std::uint64_t bytes;
   std::uint32_t rank;
   std::uint32_t world;
+  void* write_log = nullptr;  // host only: a RemoteWriteLog that put_serial reports to
 
   template <class T>
   LOOM_HD LOOM_INLINE T* peer(std::uint32_t r, T* local) const {
@@ -36,6 +41,13 @@ struct SymmetricView {
   LOOM_HD LOOM_INLINE void put_serial(std::uint32_t r, void* dst_local, void const* src,
                                       std::uint64_t n) const {
     std::memcpy(peer(r, dst_local), src, n);
+#if !LOOM_DEVICE_PASS
+    if (write_log)
+      record_remote_write(write_log, rank, r,
+                          static_cast<std::uint64_t>(static_cast<unsigned char*>(dst_local) -
+                                                     bases[rank]),
+                          n);
+#endif
   }
 
   // Release-ordered store of `value` into rank r's copy of `flag_local`: everything this thread

@@ -47,7 +47,29 @@ SymmetricView HostSymmetricHeap::view(std::uint32_t rank) const {
   v.bytes = bytes_;
   v.rank = rank;
   v.world = world_;
+  v.write_log = log_;
   return v;
+}
+
+void HostSymmetricHeap::zero() {
+  for (auto& s : storage_) std::memset(s.get(), 0, bytes_);
+}
+
+void RemoteWriteLog::record(Write const& w) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  writes_.push_back(w);
+}
+
+std::vector<RemoteWriteLog::Write> RemoteWriteLog::take() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Write> out;
+  out.swap(writes_);
+  return out;
+}
+
+void record_remote_write(void* log, std::uint32_t writer, std::uint32_t target,
+                         std::uint64_t offset, std::uint64_t bytes) {
+  static_cast<RemoteWriteLog*>(log)->record({writer, target, offset, bytes});
 }
 
 }  // namespace loom

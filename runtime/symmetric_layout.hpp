@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,12 +37,34 @@ class SymmetricLayout {
   std::uint64_t bytes_ = 0;
 };
 
+// Every put made through SymmetricView::put_serial while attached to a HostSymmetricHeap: who
+// wrote which bytes of which rank's heap. Tests use it to prove the layout write-conflict-free.
+class RemoteWriteLog {
+ public:
+  struct Write {
+    std::uint32_t writer;  // rank that issued the put
+    std::uint32_t target;  // rank whose heap it wrote
+    std::uint64_t offset;  // in the target's heap
+    std::uint64_t bytes;
+  };
+  void record(Write const& w);
+  std::vector<Write> take();
+
+ private:
+  std::mutex mutex_;
+  std::vector<Write> writes_;
+};
+
 // One zeroed host allocation per rank, for the CPU executor's virtual ranks.
 class HostSymmetricHeap {
  public:
   HostSymmetricHeap(SymmetricLayout const& layout, std::uint32_t world);
   std::uint32_t world() const { return world_; }
   SymmetricView view(std::uint32_t rank) const;
+  // Views made after this report their puts to `log` (null: stop logging).
+  void set_write_log(RemoteWriteLog* log) { log_ = log; }
+  // Zeroes every rank's heap (between launches only).
+  void zero();
   template <class T>
   T* local(std::uint32_t rank, Region r) const {
     return reinterpret_cast<T*>(storage_[rank].get() + r.offset);
@@ -53,6 +76,7 @@ class HostSymmetricHeap {
   };
   std::uint32_t world_;
   std::uint64_t bytes_;
+  RemoteWriteLog* log_ = nullptr;
   std::vector<std::unique_ptr<unsigned char[], Free>> storage_;
 };
 

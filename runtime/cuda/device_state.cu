@@ -30,7 +30,11 @@ DeviceState::DeviceState(Graph graph, StateOptions const& options)
 }
 
 void DeviceState::reinitialize_after_failure() {
-  layout_.initialize(image_.data(), read_epoch() + 1);
+  reinitialize(read_epoch() + 1);
+}
+
+void DeviceState::reinitialize(std::uint64_t epoch) {
+  layout_.initialize(image_.data(), epoch);
   LOOM_CUDA(cudaMemcpy(arena_.get(), image_.data(), image_.size(), cudaMemcpyHostToDevice));
 }
 

@@ -20,6 +20,8 @@ class DeviceState {
   // After a failed launch: re-uploads the initial image for the launch after it (epochs keep
   // growing, see StateLayout::initialize).
   void reinitialize_after_failure();
+  // The same, for launch number `epoch` (ranks that failed together restart at one epoch).
+  void reinitialize(std::uint64_t epoch);
   std::uint64_t read_epoch() const;
   std::vector<TraceRecord> take_trace();
 

@@ -42,7 +42,7 @@ class GpuExecutor {
         decoder_(decoder),
         heap_(heap),
         shape_(plan(options)),
-        state_(std::move(graph), state_options(options, shape_)) {}
+        state_(std::move(graph), state_options(options, shape_, heap)) {}
 
   GpuLaunchShape const& shape() const { return shape_; }
   std::uint32_t processors() const { return shape_.grid - 1; }
@@ -61,6 +61,17 @@ class GpuExecutor {
       throw Error(Pipeline::describe(e));
     }
   }
+
+  // For several ranks that launch together: waits for the stream and returns the launch's error
+  // message ("" when it succeeded) without re-initialising; then restart_at() on every rank.
+  std::string failure(cudaStream_t stream = nullptr) {
+    LOOM_CUDA(cudaStreamSynchronize(stream));
+    ErrorRecord const e = state_.read_error();
+    return e.code != 0 ? Pipeline::describe(e) : std::string();
+  }
+  // Re-initialises the state so that the next launch is number `epoch`.
+  void restart_at(std::uint64_t epoch) { state_.reinitialize(epoch); }
+  std::uint64_t epoch() const { return state_.read_epoch(); }
 
   void run(cudaStream_t stream = nullptr) {
     launch(stream);
@@ -126,8 +137,11 @@ class GpuExecutor {
     return shape;
   }
 
-  static StateOptions state_options(GpuOptions const& options, GpuLaunchShape const& shape) {
+  static StateOptions state_options(GpuOptions const& options, GpuLaunchShape const& shape,
+                                    SymmetricView const& heap) {
     StateOptions so;
+    so.rank = heap.rank;
+    so.world = heap.world == 0 ? 1 : heap.world;
     so.processors = shape.grid - 1;
     so.subscribers = options.subscribers;
     so.watchdog_ns = static_cast<std::uint64_t>(
