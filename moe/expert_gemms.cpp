@@ -15,12 +15,13 @@ ExpertGemmConfigs choose_expert_gemms(MoEConfig const& c, MmaPath path) {
   return ExpertGemmConfigs{g, g};
 }
 
-GemmDesc up_gemm_desc(MoEConfig const& c, bf16 const* pool, bf16 const* w1, bf16* h) {
+GemmDesc up_gemm_desc(MoEConfig const& c, bf16 const* pool, bf16 const* w1, bf16* h,
+                      ExpertSide side) {
   GemmDesc d;
   d.a = reinterpret_cast<Bf16 const*>(pool);
-  d.a_rows = c.max_tokens * c.top_k;
+  d.a_rows = side.pool_rows;
   d.b = reinterpret_cast<Bf16 const*>(w1);
-  d.experts = c.experts;
+  d.experts = side.experts;
   d.n = c.up_columns();
   d.k = c.hidden;
   d.c = h;
@@ -32,12 +33,13 @@ GemmDesc up_gemm_desc(MoEConfig const& c, bf16 const* pool, bf16 const* w1, bf16
   return d;
 }
 
-GemmDesc down_gemm_desc(MoEConfig const& c, bf16 const* h, bf16 const* w2, float* y) {
+GemmDesc down_gemm_desc(MoEConfig const& c, bf16 const* h, bf16 const* w2, float* y,
+                        ExpertSide side) {
   GemmDesc d;
   d.a = reinterpret_cast<Bf16 const*>(h);
-  d.a_rows = c.max_tokens * c.top_k;
+  d.a_rows = side.pool_rows;
   d.b = reinterpret_cast<Bf16 const*>(w2);
-  d.experts = c.experts;
+  d.experts = side.experts;
   d.n = c.hidden;
   d.k = c.ffn;
   d.c = y;  // the sink writes rows to their (slot, token) place; C names the buffer

@@ -17,11 +17,27 @@ struct ExpertGemmConfigs {
 ExpertGemmConfigs choose_expert_gemms(MoEConfig const& config,
                                       tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
 
+// Which experts a rank's GEMMs hold and how many pool rows it has: all of them and T * k on one
+// GPU; E / P and the expert-parallel pool (moe/ep_layer.hpp) on each of P ranks.
+struct ExpertSide {
+  std::uint32_t experts;
+  std::uint32_t pool_rows;
+};
+inline ExpertSide all_experts(MoEConfig const& c) { return {c.experts, c.max_tokens * c.top_k}; }
+
 // pool [rows][H] · W1 [E][up_cols][H]ᵀ -> h [rows][ffn] (bf16, with the activation).
 tasks::gemm::GemmDesc up_gemm_desc(MoEConfig const& config, bf16 const* pool, bf16 const* w1,
-                                   bf16* h);
+                                   bf16* h, ExpertSide side);
+inline tasks::gemm::GemmDesc up_gemm_desc(MoEConfig const& config, bf16 const* pool,
+                                          bf16 const* w1, bf16* h) {
+  return up_gemm_desc(config, pool, w1, h, all_experts(config));
+}
 // h [rows][ffn] · W2 [E][H][ffn]ᵀ -> fp32, delivered to y[slot][token] ([k][T][H]).
 tasks::gemm::GemmDesc down_gemm_desc(MoEConfig const& config, bf16 const* h, bf16 const* w2,
-                                     float* y);
+                                     float* y, ExpertSide side);
+inline tasks::gemm::GemmDesc down_gemm_desc(MoEConfig const& config, bf16 const* h,
+                                            bf16 const* w2, float* y) {
+  return down_gemm_desc(config, h, w2, y, all_experts(config));
+}
 
 }  // namespace loom::moe

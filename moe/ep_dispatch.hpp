@@ -1,0 +1,216 @@
+// The sending side of expert parallelism: RouteDispatch routes a token block (the single-GPU
+// RouteTokens) and sends each token once to every rank holding one of its experts; PlanDispatch
+// tells every rank how much to expect from this one. Layout and protocol: moe/ep_view.hpp.
+#pragma once
+
+#include <vector>
+
+#include "moe/ep_view.hpp"
+#include "moe/route_task.hpp"
+
+namespace loom::moe {
+
+struct EpBlockPayload {
+  EpView const* view;
+  std::uint32_t block;
+};
+
+// The meta of token t for destination d: its experts there (local ids) and their slots.
+LOOM_HD inline RowMeta row_meta_for(EpView const& ep, std::uint32_t token, std::uint32_t d) {
+  MoEView const& v = ep.local;
+  RowMeta m{};
+  m.token = token;
+  std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
+  for (std::uint32_t j = 0; j < v.top_k; ++j) {
+    if (ids[j] < 0 || ep.rank_of(ids[j]) != d) continue;
+    m.experts[m.count] = static_cast<std::uint16_t>(static_cast<std::uint32_t>(ids[j]) % ep.local_experts);
+    m.slots[m.count] = static_cast<std::uint8_t>(j);
+    ++m.count;
+  }
+  return m;
+}
+
+// Bit d set when token t has an expert on rank d.
+LOOM_HD inline std::uint32_t destination_mask(EpView const& ep, std::uint32_t token) {
+  MoEView const& v = ep.local;
+  std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
+  std::uint32_t mask = 0;
+  for (std::uint32_t j = 0; j < v.top_k; ++j)
+    if (ids[j] >= 0) mask |= 1u << ep.rank_of(ids[j]);
+  return mask;
+}
+
+struct RouteDispatch {
+  static constexpr char const* name = "ep_route_dispatch";
+  static constexpr unsigned threads = RouteTokens::threads;
+  static constexpr unsigned shared_bytes = RouteTokens::shared_bytes;
+  using Payload = EpBlockPayload;
+
+  static std::string describe_failure(std::uint32_t code, std::uint64_t token, std::uint64_t id) {
+    return RouteTokens::describe_failure(code, token, id);
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) {
+    EpView const& ep = *p.view;
+    MoEView const& v = ep.local;
+    RouteTokens::host(BlockPayload{&v, p.block}, ctx);
+    if (ctx.failed()) return;
+    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const t0 = p.block * v.token_block;
+    std::uint32_t const t1 = t0 + v.token_block < tokens ? t0 + v.token_block : tokens;
+    std::uint32_t mask[kMaxTokenBlock] = {};
+    std::uint32_t count[kMaxRanks] = {}, first[kMaxRanks] = {}, chunk[kMaxRanks] = {};
+    for (std::uint32_t t = t0; t < t1; ++t) {
+      mask[t - t0] = destination_mask(ep, t);
+      for (std::uint32_t d = 0; d < ep.world; ++d) count[d] += (mask[t - t0] >> d) & 1u;
+    }
+    for (std::uint32_t d = 0; d < ep.world; ++d) {
+      if (count[d] == 0) continue;
+      first[d] = fetch_add_acq_rel(ep.send_tokens[d], count[d]);
+      chunk[d] = fetch_add_acq_rel(ep.send_chunks[d], 1u);
+    }
+    // Every count this block adds is in: the plan may go while the rows travel.
+    if (!ctx.arrive(ep.routed_event) || ep.skip_sends) return;
+    SymmetricView const& heap = ctx.heap();
+    for (std::uint32_t d = 0; d < ep.world; ++d) {
+      if (count[d] == 0) continue;
+      std::uint32_t slot = first[d];
+      for (std::uint32_t t = t0; t < t1; ++t) {
+        if (((mask[t - t0] >> d) & 1u) == 0) continue;
+        std::size_t const at = std::size_t{ep.rank} * v.max_tokens + slot++;
+        heap.put_serial(d, ep.recv_rows + at * v.hidden, v.x + std::size_t{t} * v.hidden,
+                        std::size_t{v.hidden} * sizeof(bf16));
+        RowMeta const meta = row_meta_for(ep, t, d);
+        heap.put_serial(d, ep.recv_meta + at, &meta, sizeof meta);
+      }
+      ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk[d];
+      std::uint32_t const extent[2] = {first[d], count[d]};
+      heap.put_serial(d, record, extent, sizeof extent);
+      heap.signal_set(d, &record->epoch, ctx.epoch());
+    }
+  }
+
+#if defined(__CUDACC__)
+  // Route as RouteTokens; then per destination one ticket pair (rows, chunk) claimed by one
+  // thread, the rows copied by warps with 16-byte stores through the peer's window, and the chunk
+  // record published once every thread's stores are fenced at system scope.
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    EpView const& ep = *p.view;
+    MoEView const& v = ep.local;
+    RouteTokens::device(BlockPayload{&v, p.block}, ctx);
+    __shared__ std::uint32_t mask[kMaxTokenBlock];
+    __shared__ std::uint32_t count[kMaxRanks], first[kMaxRanks], chunk[kMaxRanks];
+    __shared__ bool stop;
+    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const t0 = p.block * v.token_block;
+    std::uint32_t const n =
+        t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
+    for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x)
+      mask[t] = destination_mask(ep, t0 + t);
+    __syncthreads();
+    if (threadIdx.x < ep.world) {
+      std::uint32_t const d = threadIdx.x;
+      std::uint32_t c = 0;
+      for (std::uint32_t t = 0; t < n; ++t) c += (mask[t] >> d) & 1u;
+      count[d] = c;
+      if (c != 0 && !ctx.failed()) {
+        first[d] = atomicAdd(&ep.send_tokens[d], c);
+        chunk[d] = atomicAdd(&ep.send_chunks[d], 1u);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      stop = ctx.failed();
+      if (!stop) {
+        __threadfence();
+        stop = !ctx.arrive(ep.routed_event) || ep.skip_sends;
+      }
+    }
+    __syncthreads();
+    if (stop) return;
+    SymmetricView const& heap = ctx.heap();
+    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (std::uint32_t i = warp; i < n * ep.world; i += warps) {
+      std::uint32_t const t = i / ep.world, d = i - t * ep.world;
+      if (((mask[t] >> d) & 1u) == 0) continue;
+      std::uint32_t rank_in_chunk = 0;
+      for (std::uint32_t u = 0; u < t; ++u) rank_in_chunk += (mask[u] >> d) & 1u;
+      std::size_t const at = std::size_t{ep.rank} * v.max_tokens + first[d] + rank_in_chunk;
+      uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t0 + t} * v.hidden);
+      uint4* dst = reinterpret_cast<uint4*>(heap.peer(d, ep.recv_rows + at * v.hidden));
+      for (std::uint32_t c = lane; c < v.hidden / 8; c += 32) dst[c] = src[c];
+      if (lane < 2) {
+        RowMeta const meta = row_meta_for(ep, t0 + t, d);
+        reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + at))[lane] =
+            reinterpret_cast<uint4 const*>(&meta)[lane];
+      }
+    }
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x < ep.world && count[threadIdx.x] != 0) {
+      std::uint32_t const d = threadIdx.x;
+      ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk[d];
+      ChunkRecord* remote = heap.peer(d, record);
+      remote->first = first[d];
+      remote->rows = count[d];
+      heap.signal_set(d, &record->epoch, ctx.epoch());
+    }
+  }
+#endif
+};
+
+// After every route on this rank: one counts message per destination (tokens and chunks it will
+// get from this rank, pairs per local expert), each after that peer has consumed the previous
+// one; then lowers the send counters and gives back the combines this call will not run.
+struct PlanDispatch {
+  static constexpr char const* name = "ep_plan_dispatch";
+  static constexpr unsigned threads = 64;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    EpView const* view;
+  };
+
+  // One thread.
+  LOOM_HD static void plan(EpView const& ep, TaskContext& ctx) {
+    MoEView const& v = ep.local;
+    SymmetricView const& heap = ctx.heap();
+    std::uint32_t const words = ep.inbox_words();
+    for (std::uint32_t d = 0; d < ep.world && !ep.skip_sends; ++d) {
+      Watchdog dog = ctx.watchdog(WaitSite::signal, d);
+      if (!SymmetricView::wait(&ep.ack[d], ep.last_sent[d], dog)) return;
+      std::uint32_t* inbox = ep.inbox + std::size_t{ep.rank} * words;
+      auto word = [&](std::uint32_t i) {
+        return i == 0   ? ep.send_tokens[d]
+               : i == 1 ? ep.send_chunks[d]
+                        : load_relaxed(v.counts[d * ep.local_experts + i - 2]);
+      };
+#if LOOM_DEVICE_PASS
+      std::uint32_t* remote = heap.peer(d, inbox);
+      for (std::uint32_t i = 0; i < words; ++i) remote[i] = word(i);
+      __threadfence_system();
+#else
+      std::vector<std::uint32_t> message(words);
+      for (std::uint32_t i = 0; i < words; ++i) message[i] = word(i);
+      heap.put_serial(d, inbox, message.data(), words * sizeof(std::uint32_t));
+#endif
+      heap.signal_set(d, &ep.inbox_flag[ep.rank], ctx.epoch());
+      ep.last_sent[d] = ctx.epoch();
+    }
+    for (std::uint32_t e = 0; e < v.experts; ++e) {
+      v.expert_tokens[e] = load_relaxed(v.counts[e]);
+      v.counts[e] = 0;
+    }
+    for (std::uint32_t d = 0; d < ep.world; ++d) ep.send_tokens[d] = ep.send_chunks[d] = 0;
+    std::uint32_t const active_blocks = (v.call[0] + v.token_block - 1) / v.token_block;
+    ctx.retire(v.max_blocks - active_blocks);
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) { plan(*p.view, ctx); }
+#if defined(__CUDACC__)
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    if (threadIdx.x == 0) plan(*p.view, ctx);
+  }
+#endif
+};
+
+}  // namespace loom::moe

@@ -1,0 +1,257 @@
+#include "moe/ep_gpu_layer.cuh"
+
+#include <algorithm>
+
+#include "runtime/cuda/scoped_device.hpp"
+
+namespace loom::moe {
+
+namespace {
+
+// The per-call words, written on the stream ahead of the persistent kernel.
+__global__ void set_ep_call(EpView* view, bf16 const* x, bf16* out, std::uint32_t tokens,
+                            std::uint32_t given) {
+  view->local.x = x;
+  view->local.out = out;
+  const_cast<std::uint32_t*>(view->local.call)[0] = tokens;
+  const_cast<std::uint32_t*>(view->local.call)[1] = given;
+}
+
+template <class T>
+DeviceBuffer<T> zeros(std::size_t n) {
+  DeviceBuffer<T> b(n);
+  b.fill_bytes(0);
+  return b;
+}
+
+// Experts [first, first + count) of a tensor of `per_expert` elements each.
+std::vector<bf16> expert_slice(std::vector<bf16> const& all, std::size_t per_expert,
+                               std::size_t first, std::size_t count) {
+  return {all.begin() + first * per_expert, all.begin() + (first + count) * per_expert};
+}
+
+int current_device(GpuOptions const& options) {
+  int device = options.device;
+  if (device < 0) LOOM_CUDA(cudaGetDevice(&device));
+  return device;
+}
+
+}  // namespace
+
+std::uint64_t ep_heap_bytes(MoEConfig const& config, std::uint32_t world) {
+  EpView const shape = make_ep_shape(config, EpPlacement{0, world}, choose_ep_gemms(config, world));
+  SymmetricLayout layout;
+  ep_heap_layout(shape.local, world, shape.local_experts, layout);
+  return layout.bytes();
+}
+
+GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, SymmetricView heap,
+                           GpuOptions options, tasks::gemm::MmaPath path, bool silent)
+    : config_(config), device_(current_device(options)) {
+  ScopedDevice on(device_);
+  options.device = device_;
+  check_shapes(config, weights);
+  std::uint32_t const world = heap.world;
+  ExpertGemmConfigs const gemms = choose_ep_gemms(config, world, path);
+  shape_ = make_ep_shape(config, EpPlacement{heap.rank, world}, gemms);
+  SymmetricLayout layout;
+  EpHeapRegions const regions = ep_heap_layout(shape_.local, world, shape_.local_experts, layout);
+  if (heap.bytes < layout.bytes())
+    throw Error("loom: rank " + std::to_string(heap.rank) + "'s symmetric window has " +
+                std::to_string(heap.bytes) + " bytes; the layer needs " +
+                std::to_string(layout.bytes()));
+  std::uint32_t const el = shape_.local_experts, rank = heap.rank;
+  std::size_t const rows = shape_.pool_rows, slots = std::size_t{config.max_tokens} * config.top_k;
+  router_ = DeviceBuffer<bf16>(weights.router);
+  w1_ = DeviceBuffer<bf16>(expert_slice(pack_up_projection(config, weights),
+                                        std::size_t{config.up_columns()} * config.hidden,
+                                        std::size_t{rank} * el, el));
+  w2_ = DeviceBuffer<bf16>(expert_slice(weights.down, std::size_t{config.hidden} * config.ffn,
+                                        std::size_t{rank} * el, el));
+  pool_ = DeviceBuffer<bf16>(rows * config.hidden);
+  h_ = DeviceBuffer<bf16>(rows * config.ffn);
+  call_ = zeros<std::uint32_t>(2);
+  counts_ = zeros<std::uint32_t>(config.experts);
+  expert_tokens_ = zeros<std::uint32_t>(config.experts);
+  offsets_ = zeros<std::uint32_t>(el + 1);
+  tile_base_ = zeros<std::uint32_t>(el + 1);
+  fill_ = zeros<std::uint32_t>(el);
+  block_pairs_ = zeros<std::uint32_t>(shape_.local.max_blocks);
+  row_source_ = zeros<std::uint32_t>(rows);
+  row_rank_ = zeros<std::uint32_t>(rows);
+  rows_arrived_ = zeros<std::uint32_t>(shape_.local.max_mtiles);
+  up_done_ = zeros<std::uint32_t>(shape_.local.max_mtiles);
+  send_tokens_ = zeros<std::uint32_t>(world);
+  send_chunks_ = zeros<std::uint32_t>(world);
+  last_sent_ = zeros<std::uint64_t>(world);
+  local_tokens_ = zeros<std::uint32_t>(el);
+  ids_ = DeviceBuffer<std::int32_t>(slots);
+  weights_ = DeviceBuffer<float>(slots);
+
+  auto* const base = static_cast<unsigned char*>(heap.bases[rank]);
+  auto at = [base](Region r) { return base + r.offset; };
+  EpView ep = shape_;
+  ep.skip_sends = silent ? 1u : 0u;
+  MoEView& v = ep.local;
+  v.call = call_.get();
+  v.router_w = router_.get();
+  v.w1 = w1_.get();
+  v.w2 = w2_.get();
+  v.topk_ids = ids_.get();
+  v.topk_weights = weights_.get();
+  v.counts = counts_.get();
+  v.expert_tokens = expert_tokens_.get();
+  v.offsets = offsets_.get();
+  v.tile_base = tile_base_.get();
+  v.fill = fill_.get();
+  v.block_pairs = block_pairs_.get();
+  v.pool = pool_.get();
+  v.row_source = row_source_.get();
+  v.h = h_.get();
+  v.y = reinterpret_cast<float*>(at(regions.y));
+  v.rows_arrived = rows_arrived_.get();
+  v.up_done = up_done_.get();
+  v.block_done = reinterpret_cast<std::uint32_t*>(at(regions.block_done));
+  ep.inbox = reinterpret_cast<std::uint32_t*>(at(regions.inbox));
+  ep.inbox_flag = reinterpret_cast<std::uint64_t*>(at(regions.inbox_flag));
+  ep.ack = reinterpret_cast<std::uint64_t*>(at(regions.ack));
+  ep.chunks = reinterpret_cast<ChunkRecord*>(at(regions.chunks));
+  ep.recv_meta = reinterpret_cast<RowMeta*>(at(regions.recv_meta));
+  ep.recv_rows = reinterpret_cast<bf16*>(at(regions.recv_rows));
+  ep.block_done = v.block_done;
+  ep.send_tokens = send_tokens_.get();
+  ep.send_chunks = send_chunks_.get();
+  ep.last_sent = last_sent_.get();
+  ep.row_rank = row_rank_.get();
+  ep.local_tokens = local_tokens_.get();
+  ExpertSide const side{el, shape_.pool_rows};
+  up_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
+      up_gemm_desc(config, pool_.get(), w1_.get(), h_.get(), side), gemms.up);
+  down_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
+      down_gemm_desc(config, h_.get(), w2_.get(), v.y, side), gemms.down);
+  v.up_ops = up_gemm_->device();
+  v.down_ops = down_gemm_->device();
+  view_ = DeviceBuffer<EpView>(std::vector<EpView>{ep});
+  // Role 0 receives, role 1 combines: two subscriber warps.
+  options.subscribers = std::max(options.subscribers, 2u);
+  executor_ = std::make_unique<GpuExecutor<EpPipeline, EpDecoder>>(
+      build_ep_graph(ep, view_.get()), options, EpDecoder(view_.get()), heap);
+}
+
+void GpuEpMoERank::launch(EpRankCall const& call, cudaStream_t stream) {
+  ScopedDevice on(device_);
+  if (call.tokens > config_.max_tokens)
+    throw Error("loom: rank " + std::to_string(shape_.rank) + ": " + std::to_string(call.tokens) +
+                " tokens exceed max_tokens=" + std::to_string(config_.max_tokens));
+  if ((call.ids == nullptr) != (call.weights == nullptr))
+    throw Error("loom: rank " + std::to_string(shape_.rank) + ": routing needs ids and weights");
+  if (call.ids) {
+    std::size_t const n = std::size_t{call.tokens} * config_.top_k;
+    LOOM_CUDA(cudaMemcpyAsync(ids_.get(), call.ids, n * sizeof(std::int32_t),
+                              cudaMemcpyDeviceToDevice, stream));
+    LOOM_CUDA(cudaMemcpyAsync(weights_.get(), call.weights, n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, stream));
+  }
+  last_tokens_ = call.tokens;
+  set_ep_call<<<1, 1, 0, stream>>>(view_.get(), call.x, call.out, call.tokens,
+                                   call.ids ? 1u : 0u);
+  LOOM_CUDA(cudaGetLastError());
+  executor_->launch(stream);
+}
+
+std::string GpuEpMoERank::failure(cudaStream_t stream) {
+  ScopedDevice on(device_);
+  return executor_->failure(stream);
+}
+
+void GpuEpMoERank::restart_at(std::uint64_t epoch) {
+  ScopedDevice on(device_);
+  executor_->restart_at(epoch);
+  for (auto* b : {&counts_, &fill_, &rows_arrived_, &up_done_, &send_tokens_, &send_chunks_})
+    b->fill_bytes(0);
+  last_sent_.fill_bytes(0);
+}
+
+std::vector<std::uint32_t> GpuEpMoERank::expert_tokens() const {
+  ScopedDevice on(device_);
+  return expert_tokens_.download();
+}
+
+std::vector<std::uint32_t> GpuEpMoERank::local_expert_rows() const {
+  ScopedDevice on(device_);
+  return local_tokens_.download();
+}
+
+std::vector<std::int32_t> GpuEpMoERank::topk_ids() const {
+  ScopedDevice on(device_);
+  auto all = ids_.download();
+  all.resize(std::size_t{last_tokens_} * config_.top_k);
+  return all;
+}
+
+std::vector<float> GpuEpMoERank::topk_weights() const {
+  ScopedDevice on(device_);
+  auto all = weights_.download();
+  all.resize(std::size_t{last_tokens_} * config_.top_k);
+  return all;
+}
+
+GpuEpMoEGroup::GpuEpMoEGroup(MoEConfig const& config, MoEWeights const& weights,
+                             std::vector<int> const& devices, GpuOptions options,
+                             int silent_rank) {
+  auto const world = static_cast<std::uint32_t>(devices.size());
+  validate_placement(config, world);
+  comms_ = NcclCommunicator::init_all(devices);
+  heaps_ = std::make_unique<NcclSymmetricHeapSet>(
+      NcclSymmetricHeap::create_all(comms_, ep_heap_bytes(config, world)));
+  for (std::uint32_t r = 0; r < world; ++r) {
+    GpuOptions o = options;
+    o.device = devices[r];
+    ranks_.push_back(std::make_unique<GpuEpMoERank>(config, weights, (*heaps_)[r].view(), o,
+                                                    tasks::gemm::MmaPath::wgmma,
+                                                    static_cast<int>(r) == silent_rank));
+    ScopedDevice on(devices[r]);
+    cudaStream_t s = nullptr;
+    LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams_.push_back(s);
+  }
+}
+
+GpuEpMoEGroup::~GpuEpMoEGroup() {
+  for (std::size_t r = 0; r < streams_.size(); ++r) {
+    ScopedDevice on(ranks_[r]->device(), std::nothrow);
+    cudaStreamDestroy(streams_[r]);
+  }
+  ranks_.clear();
+  heaps_.reset();  // before the communicators
+}
+
+void GpuEpMoEGroup::forward(std::vector<EpRankCall> const& calls) {
+  if (calls.size() != world())
+    throw Error("loom: " + std::to_string(calls.size()) + " rank calls for a group of " +
+                std::to_string(world()) + " GPUs");
+  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->launch(calls[r], streams_[r]);
+}
+
+void GpuEpMoEGroup::check() {
+  std::string message;
+  for (std::uint32_t r = 0; r < world(); ++r) {
+    std::string const m = ranks_[r]->failure(streams_[r]);
+    if (!m.empty()) message += (message.empty() ? "" : "\n") + m;
+  }
+  if (message.empty()) return;
+  // Every rank restarts one epoch past the failed call, together, from a clean window.
+  std::uint64_t epoch = 0;
+  for (auto& rank : ranks_) epoch = std::max(epoch, rank->epoch());
+  for (std::uint32_t r = 0; r < world(); ++r) {
+    (*heaps_)[r].zero(streams_[r]);
+    ranks_[r]->restart_at(epoch + 1);
+  }
+  for (std::uint32_t r = 0; r < world(); ++r) {
+    ScopedDevice on(ranks_[r]->device());
+    LOOM_CUDA(cudaStreamSynchronize(streams_[r]));
+  }
+  throw Error(message);
+}
+
+}  // namespace loom::moe

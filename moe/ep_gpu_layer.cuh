@@ -1,0 +1,96 @@
+// The expert-parallel MoE layer on GPUs: one persistent-kernel launch per rank per call, the
+// ranks talking through NCCL symmetric windows (runtime/cuda/nccl_heap.hpp) by loads and stores
+// over NVLink. GpuEpMoERank is one rank (one GPU, any process); GpuEpMoEGroup drives every GPU of
+// one process. Calls are asynchronous and capturable in CUDA graphs (per rank).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "moe/ep_cpu_layer.hpp"  // EpRankCall
+#include "moe/ep_pipeline.hpp"
+#include "moe/weights.hpp"
+#include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/gpu_executor.cuh"
+#include "runtime/cuda/nccl_heap.hpp"
+#include "tasks/gemm/device_gemm.hpp"
+
+namespace loom::moe {
+
+// Bytes of the symmetric window each rank needs.
+std::uint64_t ep_heap_bytes(MoEConfig const& config, std::uint32_t world);
+
+class GpuEpMoERank {
+ public:
+  // `heap`: this rank's symmetric window (at least ep_heap_bytes), zeroed, on the current device
+  // (or options.device). `silent` is a test hook: this rank never sends anything.
+  GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, SymmetricView heap,
+               GpuOptions options = {}, tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma,
+               bool silent = false);
+
+  MoEConfig const& config() const { return config_; }
+  std::uint32_t rank() const { return shape_.rank; }
+  int device() const { return device_; }
+
+  // Enqueues this rank's launch for one call (device pointers in `call`); no host sync. Every
+  // rank of the world must launch for the same call.
+  void launch(EpRankCall const& call, cudaStream_t stream);
+  // Waits for `stream`; returns the launch's error ("" if none), leaving the state as it is.
+  std::string failure(cudaStream_t stream);
+  // After a failed call on any rank: the next launch is number `epoch` with every counter
+  // lowered (the caller zeroes the symmetric window, with no peer writing it).
+  void restart_at(std::uint64_t epoch);
+  std::uint64_t epoch() const { return executor_->epoch(); }
+
+  // Of the last call (synchronises): tokens of this rank per expert (all E), rows each local
+  // expert computed (from all ranks), the routing used.
+  std::vector<std::uint32_t> expert_tokens() const;
+  std::vector<std::uint32_t> local_expert_rows() const;
+  std::vector<std::int32_t> topk_ids() const;
+  std::vector<float> topk_weights() const;
+
+  GpuExecutor<EpPipeline, EpDecoder>& executor() { return *executor_; }
+
+ private:
+  MoEConfig config_;
+  int device_;
+  EpView shape_;
+  DeviceBuffer<bf16> router_, w1_, w2_, pool_, h_;
+  DeviceBuffer<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
+      block_pairs_, row_source_, rows_arrived_, up_done_, send_tokens_, send_chunks_, row_rank_,
+      local_tokens_;
+  DeviceBuffer<std::uint64_t> last_sent_;
+  DeviceBuffer<std::int32_t> ids_;
+  DeviceBuffer<float> weights_;
+  std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
+  DeviceBuffer<EpView> view_;
+  std::unique_ptr<GpuExecutor<EpPipeline, EpDecoder>> executor_;
+  std::uint32_t last_tokens_ = 0;
+};
+
+// Every rank on the GPUs of this process: communicators from ncclCommInitAll, one symmetric
+// window per GPU, one GpuEpMoERank and one stream per GPU.
+class GpuEpMoEGroup {
+ public:
+  GpuEpMoEGroup(MoEConfig const& config, MoEWeights const& weights, std::vector<int> const& devices,
+                GpuOptions options = {}, int silent_rank = -1);
+  ~GpuEpMoEGroup();
+
+  std::uint32_t world() const { return static_cast<std::uint32_t>(ranks_.size()); }
+  GpuEpMoERank& rank(std::uint32_t r) { return *ranks_.at(r); }
+  cudaStream_t stream(std::uint32_t r) const { return streams_.at(r); }
+
+  // Enqueues one call on every rank, each on its stream; no host sync.
+  void forward(std::vector<EpRankCall> const& calls);
+  // Waits for every rank; throws loom::Error with each failing rank's message, after which
+  // every rank is ready for the next call.
+  void check();
+
+ private:
+  std::vector<NcclCommunicator> comms_;
+  std::unique_ptr<NcclSymmetricHeapSet> heaps_;
+  std::vector<std::unique_ptr<GpuEpMoERank>> ranks_;
+  std::vector<cudaStream_t> streams_;
+};
+
+}  // namespace loom::moe

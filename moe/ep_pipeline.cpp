@@ -1,0 +1,75 @@
+#include "moe/ep_pipeline.hpp"
+
+#include <algorithm>
+
+#include "moe/pipeline.hpp"
+
+namespace loom::moe {
+
+void validate_placement(MoEConfig const& c, std::uint32_t world) {
+  validate(c);
+  if (world == 0 || world > static_cast<std::uint32_t>(kMaxRanks))
+    throw Error("loom: expert parallelism over " + std::to_string(world) +
+                " ranks: supported are 1 to " + std::to_string(kMaxRanks));
+  if (c.experts % world != 0)
+    throw Error("loom: experts=" + std::to_string(c.experts) + " do not divide evenly over " +
+                std::to_string(world) + " ranks");
+}
+
+std::uint32_t ep_pool_rows(MoEConfig const& c, std::uint32_t world) {
+  std::uint32_t const per_token = std::min(c.top_k, c.experts / world);
+  std::uint64_t const rows = std::uint64_t{world} * c.max_tokens * per_token;
+  if (rows >= (std::uint64_t{1} << 31))
+    throw Error("loom: an expert-parallel rank could receive " + std::to_string(rows) +
+                " rows per call; lower max_tokens");
+  return static_cast<std::uint32_t>(rows);
+}
+
+ExpertGemmConfigs choose_ep_gemms(MoEConfig const& c, std::uint32_t world,
+                                  tasks::gemm::MmaPath path) {
+  MoEConfig whole = c;
+  whole.max_tokens = c.max_tokens * world;
+  return choose_expert_gemms(whole, path);
+}
+
+EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfigs const& gemms) {
+  validate_placement(c, placement.world);
+  if (placement.rank >= placement.world)
+    throw Error("loom: rank " + std::to_string(placement.rank) + " outside a world of " +
+                std::to_string(placement.world));
+  EpView ep{};
+  ep.local = make_view_shape(c, gemms);
+  ep.rank = placement.rank;
+  ep.world = placement.world;
+  ep.local_experts = c.experts / placement.world;
+  ep.pool_rows = ep_pool_rows(c, placement.world);
+  ep.local.max_mtiles = ep.pool_rows / ep.local.tile_rows + ep.local_experts;
+  ep.local.up_type = EpPipeline::id<ExpertUp>;
+  ep.local.down_type = EpPipeline::id<ExpertDownRemote>;
+  ep.local.combine_type = EpPipeline::id<CombineTokens>;
+  ep.gather_type = EpPipeline::id<GatherArrivals>;
+  return ep;
+}
+
+std::uint32_t ep_dynamic_bound(EpView const& ep) {
+  MoEView const& v = ep.local;
+  return ep.world * v.max_blocks + v.max_mtiles * (v.up_tiles + v.down_tiles) + v.max_blocks;
+}
+
+Graph build_ep_graph(EpView const& shape, EpView const* view) {
+  GraphBuilder b;
+  // Each route+dispatch arrives itself once its counts are in, before its rows travel.
+  EventOptions explicit_arrivals;
+  explicit_arrivals.dynamic_arrivals = true;
+  EventId const routed = b.add_event(shape.local.max_blocks, explicit_arrivals);
+  if (routed != shape.routed_event)
+    throw Error("loom: the EP graph's routed event is #" + std::to_string(routed) +
+                ", the view names #" + std::to_string(shape.routed_event));
+  for (std::uint32_t block = 0; block < shape.local.max_blocks; ++block)
+    b.add_task(EpPipeline::make<RouteDispatch>(EpBlockPayload{view, block}, kNoEvent, block));
+  b.add_task(EpPipeline::make<PlanDispatch>(PlanDispatch::Payload{view}), {routed});
+  b.set_dynamic_bound(ep_dynamic_bound(shape));
+  return b.build();
+}
+
+}  // namespace loom::moe

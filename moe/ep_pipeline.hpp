@@ -1,0 +1,47 @@
+// The expert-parallel MoE layer as a Loom pipeline (one per rank): its task types, its shape on
+// P ranks, and the static graph every call runs on each rank (a route+dispatch per token block,
+// one plan after them; everything else is emitted at run time by tasks and the subscribers).
+#pragma once
+
+#include "moe/ep_receive.hpp"
+#include "moe/ep_return.hpp"
+#include "moe/expert_gemms.hpp"
+#include "runtime/graph.hpp"
+#include "runtime/pipeline.hpp"
+
+namespace loom::moe {
+
+using EpPipeline = Pipeline<RouteDispatch, PlanDispatch, GatherArrivals, ExpertUp, ExpertDownRemote,
+                            CombineTokens>;
+
+// How the layer is spread: `world` ranks, each with E / world experts and up to
+// config.max_tokens tokens of its own per call.
+struct EpPlacement {
+  std::uint32_t rank = 0;
+  std::uint32_t world = 1;
+};
+
+// Throws loom::Error unless the experts divide evenly over `world` ranks (1 .. kMaxRanks).
+void validate_placement(MoEConfig const& config, std::uint32_t world);
+
+// Expert rows one rank can receive per call: every token of every rank, once per local expert
+// it picks (at most min(k, E_local) of them).
+std::uint32_t ep_pool_rows(MoEConfig const& config, std::uint32_t world);
+
+// The GEMM tile configurations: chosen for the whole problem (all ranks' tokens over all
+// experts), so every world size computes each row the same way.
+ExpertGemmConfigs choose_ep_gemms(MoEConfig const& config, std::uint32_t world,
+                                  tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
+
+// The shape-derived part of a rank's view (no pointers), with the EP pipeline's type ids.
+EpView make_ep_shape(MoEConfig const& config, EpPlacement placement,
+                     ExpertGemmConfigs const& gemms);
+
+// Dynamic tasks one call may emit on a rank: a gather per possible chunk, every possible up and
+// down tile, a combine per token block.
+std::uint32_t ep_dynamic_bound(EpView const& shape);
+
+// The graph of one rank over a view that lives in the executor's memory at `view`.
+Graph build_ep_graph(EpView const& shape, EpView const* view);
+
+}  // namespace loom::moe

@@ -1,0 +1,126 @@
+// The MoE layer with its experts spread over P ranks (expert parallelism): what one rank's tasks
+// read and write, and the symmetric-heap layout every rank shares.
+//
+// Expert e lives on rank e / E_local as local expert e % E_local. Each rank routes its own tokens
+// and keeps them; a call on rank r runs, in one launch:
+//   route+dispatch (per token block of r): top-k routing (as the single-GPU layer), then every
+//           token goes once to each rank that holds one of its experts: its row and a RowMeta
+//           (token, local experts, slots) into that rank's recv area for source r, at slots
+//           claimed with one ticket per (block, destination); a ChunkRecord tagged with the
+//           launch's epoch publishes the block's rows there (release)
+//   plan    (after every route on r): a counts message to each rank: tokens and chunks it will
+//           get from r, pairs per local expert; release-flagged with the epoch
+//   receive (subscriber on every rank): once every source's counts message is in, the expert
+//           pool's layout (offsets, M-tiles), then one gather task per ChunkRecord as it lands
+//   gather  (per chunk): recv rows into the expert pools; the last row of an M-tile emits its
+//           up-projection row (as the single-GPU layer)
+//   up / down (GEMM tiles): down rows are put straight into the source rank's y[slot][token]
+//           (fp32), then one remote arrival per (row, N-tile) on the source's block counter
+//   combine (per token block, on the source rank, emitted by its subscriber when the block's
+//           counter is complete): out[t] = sum_j w[t,j] y[j][t] in top-k order
+//
+// Every remote byte has exactly one writer (docs/ep.md states the layout; a property test checks
+// it): recv areas, meta and chunk records are indexed by source rank, then by a slot that source
+// claimed; y[slot][token] belongs to the one (token, slot) pair; counts messages by source rank.
+#pragma once
+
+#include "moe/view.hpp"
+#include "runtime/symmetric_layout.hpp"
+
+namespace loom::moe {
+
+// What travels with each dispatched row: the token it is (on the source rank) and which of the
+// destination's local experts it goes to, with the top-k slot of each.
+struct RowMeta {
+  std::uint32_t token;
+  std::uint16_t experts[kMaxTopK];  // local expert ids on the destination
+  std::uint8_t slots[kMaxTopK];     // top-k slot of each
+  std::uint8_t count;
+  std::uint8_t pad_[3];
+};
+static_assert(sizeof(RowMeta) == 32);
+
+// A block of rows a source has finished writing: rows [first, first + rows) of its recv area.
+// `epoch` is stored last, with release, and names the launch the rows belong to.
+struct ChunkRecord {
+  std::uint32_t first;
+  std::uint32_t rows;
+  std::uint64_t epoch;
+};
+static_assert(sizeof(ChunkRecord) == 16);
+
+// Offsets of the symmetric regions (the same on every rank).
+struct EpHeapRegions {
+  Region inbox;       // [P][2 + E_local] u32: tokens, chunks, pairs per local expert, per source
+  Region inbox_flag;  // [P] u64: epoch of each source's counts message
+  Region ack;         // [P] u64: epoch of this rank's counts message each peer has consumed
+  Region chunks;      // [P][max_blocks] ChunkRecord, per source
+  Region recv_meta;   // [P][max_tokens] RowMeta, per source
+  Region recv_rows;   // [P][max_tokens][H] bf16, per source
+  Region y;           // [k][max_tokens][H] fp32: expert outputs for this rank's own tokens
+  Region block_done;  // [max_blocks] u32: (row, down N-tile) arrivals per own token block
+};
+
+struct EpView {
+  // Must stay the first member: the expert-side task types (ExpertUp, CombineTokens) receive
+  // &local, and the EP types cast it back. Its expert-side fields (offsets, tile_base, fill,
+  // pool, h, rows_arrived, up_done, the GEMM operands) index this rank's local experts; its
+  // routing fields (experts, counts, topk_*) index all E experts.
+  MoEView local;
+
+  std::uint32_t rank, world;
+  std::uint32_t local_experts;  // E_local = E / P
+  std::uint32_t pool_rows;      // capacity of the expert pool
+  std::uint16_t gather_type;    // task type id of GatherArrivals
+  std::uint32_t routed_event;   // fires when every route on this rank is done
+  std::uint32_t skip_sends;     // test hook: 1 = this rank never sends (a peer that never arrives)
+
+  // Symmetric regions, as pointers into this rank's own window (peers via SymmetricView::peer).
+  std::uint32_t* inbox;
+  std::uint64_t* inbox_flag;
+  std::uint64_t* ack;
+  ChunkRecord* chunks;
+  RowMeta* recv_meta;
+  bf16* recv_rows;
+  std::uint32_t* block_done;  // the same words as local.block_done
+
+  // Rank-local.
+  std::uint32_t* send_tokens;    // [P] tokens claimed for each destination this call
+  std::uint32_t* send_chunks;    // [P] chunks claimed for each destination this call
+  std::uint64_t* last_sent;      // [P] epoch of the last counts message sent to each peer
+  std::uint32_t* row_rank;       // [pool_rows] source rank of each pool row
+  std::uint32_t* local_tokens;   // [E_local] pairs each local expert got this call (all sources)
+
+  LOOM_HD std::uint32_t rank_of(std::int32_t expert) const {
+    return static_cast<std::uint32_t>(expert) / local_experts;
+  }
+  LOOM_HD std::uint32_t inbox_words() const { return 2 + local_experts; }
+};
+
+// The symmetric layout for `world` ranks of a layer with this shape.
+inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
+                                    std::uint32_t local_experts, SymmetricLayout& layout) {
+  EpHeapRegions r;
+  std::uint64_t const p = world;
+  r.inbox = layout.add_array<std::uint32_t>("ep.inbox", p * (2 + local_experts));
+  r.inbox_flag = layout.add_array<std::uint64_t>("ep.inbox_flag", p);
+  r.ack = layout.add_array<std::uint64_t>("ep.ack", p);
+  r.chunks = layout.add_array<ChunkRecord>("ep.chunks", p * shape.max_blocks);
+  r.recv_meta = layout.add_array<RowMeta>("ep.recv_meta", p * shape.max_tokens);
+  r.recv_rows =
+      layout.add_array<bf16>("ep.recv_rows", p * shape.max_tokens * std::uint64_t{shape.hidden});
+  r.y = layout.add_array<float>("ep.y",
+                                std::uint64_t{shape.top_k} * shape.max_tokens * shape.hidden);
+  r.block_done = layout.add_array<std::uint32_t>("ep.block_done", shape.max_blocks);
+  return r;
+}
+
+// Payload of a gather task: rows [first, first + rows) of the recv area of `source`.
+struct ChunkPayload {
+  EpView const* view;
+  std::uint32_t source;
+  std::uint32_t first;
+  std::uint32_t rows;
+};
+
+}  // namespace loom::moe

@@ -1,0 +1,353 @@
+// The expert-parallel MoE layer on the CPU executor with P virtual ranks: every rank's output
+// against the float64 reference (fused router and caller routing, skewed routings), bitwise
+// equality across world sizes, the write-conflict-free layout, and a peer that never arrives.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "moe/cpu_layer.hpp"
+#include "moe/ep_cpu_layer.hpp"
+#include "moe/reference.hpp"
+
+namespace {
+
+using namespace loom::moe;
+
+MoEConfig ep_config(std::uint32_t experts, std::uint32_t top_k, std::uint32_t max_tokens) {
+  MoEConfig c;
+  c.hidden = 128;
+  c.ffn = 128;
+  c.experts = experts;
+  c.top_k = top_k;
+  c.max_tokens = max_tokens;
+  return c;
+}
+
+loom::CpuOptions ep_options(std::uint32_t world) {
+  loom::CpuOptions o;
+  o.processors = world >= 8 ? 2 : 3;
+  o.subscribers = 2;
+  return o;
+}
+
+std::vector<bf16> poisoned(std::size_t n) {
+  return std::vector<bf16>(n, __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
+}
+
+std::uint64_t fresh_seed() {
+  return std::random_device{}();
+}
+
+// One rank's inputs and outputs for a call.
+struct RankData {
+  std::vector<bf16> x, out;
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+};
+
+std::vector<EpRankCall> calls_for(std::vector<RankData>& ranks, bool routed) {
+  std::vector<EpRankCall> calls;
+  for (auto& r : ranks) {
+    EpRankCall c;
+    c.x = r.x.data();
+    c.tokens = static_cast<std::uint32_t>(r.x.size() / 128);
+    c.out = r.out.data();
+    if (routed) c.ids = r.ids.data(), c.weights = r.weights.data();
+    calls.push_back(c);
+  }
+  return calls;
+}
+
+class EpCpu : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(EpCpu, FusedRouterMatchesFloat64ReferenceOnEveryRank) {
+  std::uint32_t const world = GetParam();
+  MoEConfig const c = ep_config(16, 2, 64);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuEpMoELayer layer(c, w, world, ep_options(world));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (int call = 0; call < 2; ++call) {
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      // Rank 1 brings no tokens on the first call; the others a random count.
+      std::uint32_t const tokens = (r == 1 && call == 0) ? 0 : 1 + rng() % c.max_tokens;
+      ranks[r].x = random_tokens(c, tokens, seed + 17 * r + call);
+      ranks[r].out = poisoned(ranks[r].x.size());
+    }
+    layer.forward(calls_for(ranks, false));
+    std::uint32_t rows = 0, pairs = 0;
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::uint32_t const tokens = static_cast<std::uint32_t>(ranks[r].x.size() / c.hidden);
+      auto const ids = layer.topk_ids(r);
+      auto const wts = layer.topk_weights(r);
+      auto const scores = reference_scores(c, w, ranks[r].x.data(), tokens);
+      EXPECT_EQ(check_routing(c, scores, tokens, ids.data(), wts.data(), 1e-3), "") << "rank " << r;
+      auto const ref = reference_moe(c, w, ranks[r].x.data(), tokens, ids.data(), wts.data());
+      if (tokens > 0) {
+        EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "rank " << r;
+      }
+      auto const routed = layer.expert_tokens(r);
+      auto const computed = layer.local_expert_rows(r);
+      EXPECT_EQ(std::accumulate(routed.begin(), routed.end(), 0u), tokens * c.top_k);
+      pairs += std::accumulate(routed.begin(), routed.end(), 0u);
+      rows += std::accumulate(computed.begin(), computed.end(), 0u);
+    }
+    EXPECT_EQ(rows, pairs) << "every routed pair is computed by exactly one rank";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, EpCpu, ::testing::Values(2u, 4u, 8u));
+
+// Caller routings that stress the exchange: all tokens to one rank's experts, one hot expert,
+// a rank with no tokens, -1 entries, and top-k equal to the experts per rank.
+TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
+  std::uint32_t const world = 4;
+  MoEConfig const c = ep_config(8, 2, 48);  // two experts per rank: top-k = E_local
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuEpMoELayer layer(c, w, world, ep_options(world));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (int pattern = 0; pattern < 5; ++pattern) {
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::uint32_t const tokens = pattern == 3 && r == 2 ? 0 : c.max_tokens - r;
+      RankData& d = ranks[r];
+      d.x = random_tokens(c, tokens, seed + r + 100 * pattern);
+      d.out = poisoned(d.x.size());
+      d.ids.resize(std::size_t{tokens} * 2);
+      d.weights.resize(d.ids.size());
+      for (std::uint32_t t = 0; t < tokens; ++t) {
+        std::int32_t a = 0, b = 0;
+        switch (pattern) {
+          case 0: a = 2, b = 3; break;                              // all to rank 1's experts
+          case 1: a = 5, b = -1; break;                             // one hot expert
+          case 2: a = t % 3 ? int(rng() % 8) : -1, b = -1; break;   // -1 entries
+          case 3: a = int(rng() % 8), b = (a + 1 + rng() % 7) % 8; break;  // rank 2 idle
+          default: a = int(2 * (t % 4)), b = a + 1; break;          // both slots on one rank
+        }
+        if (a == b) b = -1;
+        d.ids[2 * t] = a, d.ids[2 * t + 1] = b;
+        d.weights[2 * t] = weight(rng), d.weights[2 * t + 1] = weight(rng);
+      }
+    }
+    layer.forward(calls_for(ranks, true));
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::uint32_t const tokens = static_cast<std::uint32_t>(ranks[r].x.size() / c.hidden);
+      if (tokens == 0) continue;
+      auto const ref =
+          reference_moe(c, w, ranks[r].x.data(), tokens, ranks[r].ids.data(), ranks[r].weights.data());
+      EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "pattern " << pattern << " rank " << r;
+    }
+    if (pattern == 1) {
+      auto const rows = layer.local_expert_rows(2);  // expert 5 = rank 2's local expert 1
+      std::uint32_t total = 0;
+      for (std::uint32_t r = 0; r < world; ++r) total += c.max_tokens - r;
+      EXPECT_EQ(rows[1], total);
+      EXPECT_EQ(rows[0], 0u);
+    }
+  }
+}
+
+// The same global problem split over 1, 2, 4 and 8 ranks (and on the single-rank layer) gives
+// bitwise the same output: each row is computed the same way wherever it lands, and combined
+// in top-k order.
+TEST(EpCpu, OutputIsBitwiseIdenticalAcrossWorldSizes) {
+  std::uint32_t const global_tokens = 96;
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEConfig const whole = ep_config(16, 4, global_tokens);
+  MoEWeights const w = random_weights(whole, seed);
+  auto const x = random_tokens(whole, global_tokens, seed);
+  std::vector<bf16> single(x.size());
+  CpuMoELayer(whole, w).forward(x.data(), global_tokens, single.data());
+  for (std::uint32_t world : {1u, 2u, 4u, 8u}) {
+    MoEConfig c = whole;
+    c.max_tokens = global_tokens / world;
+    CpuEpMoELayer layer(c, w, world, ep_options(world));
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      auto const first = x.begin() + std::size_t{r} * c.max_tokens * c.hidden;
+      ranks[r].x.assign(first, first + std::size_t{c.max_tokens} * c.hidden);
+      ranks[r].out = poisoned(ranks[r].x.size());
+    }
+    layer.forward(calls_for(ranks, false));
+    std::vector<bf16> joined;
+    for (auto const& r : ranks) joined.insert(joined.end(), r.out.begin(), r.out.end());
+    EXPECT_EQ(std::memcmp(joined.data(), single.data(), single.size() * sizeof(bf16)), 0)
+        << "world " << world;
+  }
+}
+
+// Every remote write of a call, for random and adversarial routings: no two writes share a
+// byte, each lands in the region meant for it, and a token travels once to each rank that
+// holds any of its experts.
+TEST(EpCpu, RemoteWritesNeverOverlapAndTokensTravelOncePerRank) {
+  std::uint32_t const world = 4;
+  MoEConfig const c = ep_config(8, 4, 40);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuEpMoELayer layer(c, w, world, ep_options(world));
+  loom::RemoteWriteLog log;
+  layer.set_write_log(&log);
+  EpHeapRegions const& regions = layer.regions();
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (int pattern = 0; pattern < 8; ++pattern) {
+    std::vector<RankData> ranks(world);
+    std::vector<std::uint32_t> expected_rows(world * world, 0);  // [source][destination]
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::uint32_t const tokens = pattern == 2 ? (r == 0 ? c.max_tokens : 0) : 1 + rng() % c.max_tokens;
+      RankData& d = ranks[r];
+      d.x = random_tokens(c, tokens, seed + r);
+      d.out = poisoned(d.x.size());
+      d.ids.assign(std::size_t{tokens} * c.top_k, -1);
+      d.weights.assign(d.ids.size(), 0.5f);
+      for (std::uint32_t t = 0; t < tokens; ++t) {
+        std::vector<std::int32_t> experts(c.experts);
+        std::iota(experts.begin(), experts.end(), 0);
+        std::shuffle(experts.begin(), experts.end(), rng);
+        if (pattern == 1) experts = {0, 1, 2, 3, 4, 5, 6, 7};  // every token to ranks 0 and 1
+        if (pattern == 3) experts = {7, 6, -1, -1};             // all to the last rank
+        std::uint32_t mask = 0;
+        for (std::uint32_t j = 0; j < c.top_k; ++j) {
+          d.ids[t * c.top_k + j] = experts[j];
+          if (experts[j] >= 0) mask |= 1u << (experts[j] / 2);
+        }
+        for (std::uint32_t dst = 0; dst < world; ++dst) expected_rows[r * world + dst] += (mask >> dst) & 1u;
+      }
+    }
+    layer.forward(calls_for(ranks, true));
+    auto writes = log.take();
+    ASSERT_FALSE(writes.empty());
+    std::sort(writes.begin(), writes.end(), [](auto const& a, auto const& b) {
+      return a.target != b.target ? a.target < b.target : a.offset < b.offset;
+    });
+    for (std::size_t i = 1; i < writes.size(); ++i) {
+      auto const& a = writes[i - 1];
+      auto const& b = writes[i];
+      if (a.target != b.target) continue;
+      ASSERT_LE(a.offset + a.bytes, b.offset)
+          << "pattern " << pattern << ": rank " << a.writer << " and rank " << b.writer
+          << " both write rank " << a.target << " bytes at " << b.offset;
+    }
+    std::vector<std::uint32_t> rows(world * world, 0);
+    auto inside = [](loom::Region r, std::uint64_t offset, std::uint64_t bytes) {
+      return offset >= r.offset && offset + bytes <= r.offset + r.bytes;
+    };
+    for (auto const& wr : writes) {
+      std::uint64_t const row_bytes = std::uint64_t{c.hidden} * sizeof(bf16);
+      if (inside(regions.recv_rows, wr.offset, wr.bytes)) {
+        // Rows from source s land in the s-th slice of the destination's recv area.
+        std::uint64_t const slice = std::uint64_t{c.max_tokens} * row_bytes;
+        EXPECT_EQ((wr.offset - regions.recv_rows.offset) / slice, wr.writer);
+        EXPECT_EQ(wr.bytes, row_bytes);
+        ++rows[wr.writer * world + wr.target];
+      } else {
+        bool const known = inside(regions.recv_meta, wr.offset, wr.bytes) ||
+                           inside(regions.chunks, wr.offset, wr.bytes) ||
+                           inside(regions.inbox, wr.offset, wr.bytes) ||
+                           inside(regions.y, wr.offset, wr.bytes);
+        EXPECT_TRUE(known) << "a write outside every region at " << wr.offset;
+      }
+    }
+    EXPECT_EQ(rows, expected_rows) << "pattern " << pattern;
+  }
+}
+
+// Random delays in every actor of every rank (chaos mode) change the interleaving of sends,
+// arrivals and tiles, never the result.
+TEST(EpCpu, ChaosInterleavingsGiveTheSameBits) {
+  std::uint32_t const world = 4;
+  MoEConfig const c = ep_config(8, 2, 32);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  std::vector<RankData> ranks(world);
+  for (std::uint32_t r = 0; r < world; ++r) {
+    ranks[r].x = random_tokens(c, c.max_tokens - r, seed + r);
+    ranks[r].out = poisoned(ranks[r].x.size());
+  }
+  CpuEpMoELayer calm(c, w, world, ep_options(world));
+  calm.forward(calls_for(ranks, false));
+  std::vector<std::vector<bf16>> expected;
+  for (auto const& r : ranks) expected.push_back(r.out);
+  for (std::uint64_t chaos = 1; chaos <= 6; ++chaos) {
+    loom::CpuOptions o = ep_options(world);
+    o.chaos_seed = seed * 16 + chaos;
+    o.chaos_per_mille = 100;
+    o.chaos_max_delay_us = 300;
+    CpuEpMoELayer layer(c, w, world, o);
+    for (auto& r : ranks) r.out = poisoned(r.out.size());
+    layer.forward(calls_for(ranks, false));
+    for (std::uint32_t r = 0; r < world; ++r)
+      ASSERT_EQ(0, std::memcmp(ranks[r].out.data(), expected[r].data(),
+                               expected[r].size() * sizeof(bf16)))
+          << "chaos seed " << o.chaos_seed << " rank " << r;
+  }
+}
+
+// A rank that never sends: every other rank ends the call with a watchdog error naming it.
+TEST(EpCpu, ARankThatNeverArrivesIsNamedByTheOthers) {
+  std::uint32_t const world = 4, silent = 2;
+  MoEConfig const c = ep_config(8, 2, 16);
+  loom::CpuOptions o = ep_options(world);
+  o.watchdog = std::chrono::milliseconds(400);
+  CpuEpMoELayer layer(c, random_weights(c, 5), world, o, silent);
+  std::vector<RankData> ranks(world);
+  for (std::uint32_t r = 0; r < world; ++r) {
+    ranks[r].x = random_tokens(c, c.max_tokens, r);
+    ranks[r].out = poisoned(ranks[r].x.size());
+  }
+  std::string message;
+  try {
+    layer.forward(calls_for(ranks, false));
+  } catch (loom::Error const& e) {
+    message = e.what();
+  }
+  ASSERT_FALSE(message.empty()) << "the call did not fail";
+  for (std::uint32_t r = 0; r < world; ++r) {
+    if (r == silent) continue;
+    EXPECT_NE(message.find("subscriber (block 0, rank " + std::to_string(r) +
+                           "): waited on a signal from peer rank 2"),
+              std::string::npos)
+        << message;
+  }
+}
+
+TEST(EpCpu, BadInputIsRejectedNamingTheRank) {
+  MoEConfig const c = ep_config(8, 2, 16);
+  CpuEpMoELayer layer(c, random_weights(c, 1), 2, ep_options(2));
+  std::vector<RankData> ranks(2);
+  for (auto& r : ranks) {
+    r.x = random_tokens(c, 4, 1);
+    r.out = poisoned(r.x.size());
+    r.ids = {0, 1, 2, 3, 4, 5, 6, 7};
+    r.weights.assign(8, 0.5f);
+  }
+  ranks[1].ids[3] = 2;  // token 1 names expert 2 twice
+  try {
+    layer.forward(calls_for(ranks, true));
+    ADD_FAILURE() << "repeated expert accepted";
+  } catch (loom::Error const& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1: invalid routing: token 1 names expert 2 twice"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(CpuEpMoELayer(c, random_weights(c, 1), 3), loom::Error);  // 8 experts over 3
+  ranks[1].ids[3] = 3;
+  layer.forward(calls_for(ranks, true));  // still works afterwards
+  auto too_many = calls_for(ranks, true);
+  too_many[0].tokens = 17;
+  EXPECT_THROW(layer.forward(too_many), loom::Error);
+}
+
+}  // namespace

@@ -1,0 +1,222 @@
+// The expert-parallel MoE layer over 2 and 4 GPUs of one process (NCCL symmetric windows, LSA
+// stores over NVLink), against the float64 reference: fused router, skewed caller routings,
+// a rank with no tokens, -1 entries; bitwise equality for P = 1, 2, 4 on one global problem; a
+// rank that never arrives. Skips where fewer than two GPUs are present.
+#include <cstring>
+#include <random>
+
+#include "moe/ep_gpu_layer.cuh"
+#include "moe/reference.hpp"
+#include "runtime/cuda/scoped_device.hpp"
+#include "tests/gpu/gpu_test_util.cuh"
+#include "tests/gpu/moe_test_util.cuh"
+
+namespace {
+
+using namespace loom::moe;
+
+#define LOOM_REQUIRE_GPUS(n)                                                                \
+  do {                                                                                      \
+    if (::loom::cuda_device_count() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs";     \
+  } while (0)
+
+std::vector<int> first_devices(std::uint32_t n) {
+  std::vector<int> d(n);
+  for (std::uint32_t i = 0; i < n; ++i) d[i] = static_cast<int>(i);
+  return d;
+}
+
+// One rank's data, on the host and on its device.
+struct RankData {
+  int device = 0;
+  std::uint32_t tokens = 0;
+  std::vector<bf16> x;
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+  loom::DeviceBuffer<bf16> dx, dout;
+  loom::DeviceBuffer<std::int32_t> dids;
+  loom::DeviceBuffer<float> dweights;
+
+  void upload(std::uint32_t hidden) {
+    loom::ScopedDevice on(device);
+    dx = loom::DeviceBuffer<bf16>(x);
+    dout = loom::DeviceBuffer<bf16>(std::max<std::size_t>(1, std::size_t{tokens} * hidden));
+    dout.fill_bytes(0xFF);  // NaN
+    if (!ids.empty()) {
+      dids = loom::DeviceBuffer<std::int32_t>(ids);
+      dweights = loom::DeviceBuffer<float>(weights);
+    }
+  }
+  EpRankCall call(bool routed) const {
+    EpRankCall c;
+    c.x = dx.get();
+    c.tokens = tokens;
+    c.out = dout.get();
+    if (routed) c.ids = dids.get(), c.weights = dweights.get();
+    return c;
+  }
+  std::vector<bf16> out() const {
+    loom::ScopedDevice on(device);
+    auto o = dout.download();
+    o.resize(std::size_t{tokens} * (x.size() / std::max(1u, tokens)));
+    return o;
+  }
+};
+
+std::vector<EpRankCall> calls(std::vector<RankData> const& ranks, bool routed) {
+  std::vector<EpRankCall> c;
+  for (auto const& r : ranks) c.push_back(r.call(routed));
+  return c;
+}
+
+class EpGpu : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(EpGpu, FusedRouterMatchesFloat64ReferenceOverRepeatedCalls) {
+  std::uint32_t const world = GetParam();
+  LOOM_REQUIRE_GPUS(static_cast<int>(world));
+  MoEConfig const c =
+      moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, 256);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  GpuEpMoEGroup group(c, w, first_devices(world));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (int call = 0; call < 4; ++call) {
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      ranks[r].device = static_cast<int>(r);
+      ranks[r].tokens = (call == 1 && r == world - 1) ? 0 : 1 + rng() % c.max_tokens;
+      ranks[r].x = random_tokens(c, ranks[r].tokens, seed + 31 * r + call);
+      ranks[r].upload(c.hidden);
+    }
+    group.forward(calls(ranks, false));
+    group.check();
+    for (std::uint32_t r = 0; r < world; ++r) {
+      if (ranks[r].tokens == 0) continue;
+      auto const ids = group.rank(r).topk_ids();
+      auto const wts = group.rank(r).topk_weights();
+      auto const scores = reference_scores(c, w, ranks[r].x.data(), ranks[r].tokens);
+      EXPECT_EQ(check_routing(c, scores, ranks[r].tokens, ids.data(), wts.data(), 1e-3), "");
+      auto const ref =
+          reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens, ids.data(), wts.data());
+      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "call " << call << " rank " << r;
+    }
+  }
+}
+
+// All tokens to one rank's experts, one hot expert, -1 entries, a rank with no tokens.
+TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
+  std::uint32_t const world = GetParam();
+  LOOM_REQUIRE_GPUS(static_cast<int>(world));
+  MoEConfig const c = moe_test::config(Activation::gelu, RouterScore::softmax, 256, 256, 8, 2, 200);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  GpuEpMoEGroup group(c, w, first_devices(world));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  std::int32_t const per_rank = static_cast<std::int32_t>(c.experts / world);
+  for (int pattern = 0; pattern < 4; ++pattern) {
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      RankData& d = ranks[r];
+      d.device = static_cast<int>(r);
+      d.tokens = pattern == 3 && r == 0 ? 0 : c.max_tokens - 3 * r;
+      d.x = random_tokens(c, d.tokens, seed + r + 7 * pattern);
+      d.ids.resize(std::size_t{d.tokens} * 2);
+      d.weights.resize(d.ids.size());
+      for (std::uint32_t t = 0; t < d.tokens; ++t) {
+        std::int32_t a = 0, b = -1;
+        if (pattern == 0) a = per_rank * static_cast<std::int32_t>(world - 1), b = a + per_rank - 1;
+        if (pattern == 1) a = 1, b = -1;  // one hot expert
+        if (pattern == 2) a = t % 4 ? int(rng() % c.experts) : -1, b = t % 3 ? -1 : int(rng() % c.experts);
+        if (pattern == 3) a = int(rng() % c.experts), b = int(rng() % c.experts);
+        if (a == b) b = -1;
+        d.ids[2 * t] = a, d.ids[2 * t + 1] = b;
+        d.weights[2 * t] = weight(rng), d.weights[2 * t + 1] = weight(rng);
+      }
+      d.upload(c.hidden);
+    }
+    group.forward(calls(ranks, true));
+    group.check();
+    for (std::uint32_t r = 0; r < world; ++r) {
+      if (ranks[r].tokens == 0) continue;
+      auto const ref = reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens,
+                                     ranks[r].ids.data(), ranks[r].weights.data());
+      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "pattern " << pattern << " rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, EpGpu, ::testing::Values(2u, 4u));
+
+// One global problem over 1, 2 and 4 GPUs: bitwise the same output.
+TEST(EpGpu, OutputIsBitwiseIdenticalForOneTwoAndFourRanks) {
+  LOOM_REQUIRE_GPUS(2);
+  std::uint32_t const global_tokens = 512;
+  MoEConfig const whole =
+      moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, global_tokens);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(whole, seed);
+  auto const x = random_tokens(whole, global_tokens, seed);
+  std::vector<bf16> first;
+  for (std::uint32_t world : {1u, 2u, 4u}) {
+    if (static_cast<int>(world) > loom::cuda_device_count()) continue;
+    MoEConfig c = whole;
+    c.max_tokens = global_tokens / world;
+    GpuEpMoEGroup group(c, w, first_devices(world));
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      ranks[r].device = static_cast<int>(r);
+      ranks[r].tokens = c.max_tokens;
+      auto const from = x.begin() + std::size_t{r} * c.max_tokens * c.hidden;
+      ranks[r].x.assign(from, from + std::size_t{c.max_tokens} * c.hidden);
+      ranks[r].upload(c.hidden);
+    }
+    group.forward(calls(ranks, false));
+    group.check();
+    std::vector<bf16> joined;
+    for (auto const& r : ranks) {
+      auto const o = r.out();
+      joined.insert(joined.end(), o.begin(), o.end());
+    }
+    if (first.empty()) {
+      first = joined;
+      auto const ids = group.rank(0).topk_ids();
+      auto const wts = group.rank(0).topk_weights();
+      EXPECT_LT(relative_error(joined, reference_moe(whole, w, x.data(), global_tokens,
+                                                     ids.data(), wts.data())),
+                1e-2);
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), joined.data(), first.size() * sizeof(bf16)))
+          << "world " << world << " differs from world 1";
+    }
+  }
+}
+
+TEST(EpGpu, ARankThatNeverArrivesIsNamedByTheOthers) {
+  LOOM_REQUIRE_GPUS(2);
+  MoEConfig const c = moe_test::config(Activation::relu, RouterScore::softmax, 256, 256, 8, 2, 64);
+  loom::GpuOptions o;
+  o.watchdog = std::chrono::milliseconds(500);
+  GpuEpMoEGroup group(c, random_weights(c, 3), first_devices(2), o, /*silent_rank=*/1);
+  std::vector<RankData> ranks(2);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    ranks[r].device = static_cast<int>(r);
+    ranks[r].tokens = 64;
+    ranks[r].x = random_tokens(c, 64, r);
+    ranks[r].upload(c.hidden);
+  }
+  group.forward(calls(ranks, false));
+  try {
+    group.check();
+    FAIL() << "the call did not fail";
+  } catch (loom::Error const& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0): waited on a signal from peer rank 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
