@@ -1,0 +1,194 @@
+// The expert-parallel MoE layer (GpuEpMoEGroup: one persistent launch per GPU per call, dispatch
+// and combine as tasks over NCCL symmetric windows) against the unfused baseline a user would
+// otherwise write (bench/ep_baseline.cuh: grouped ncclSend/ncclRecv all-to-all, the single-GPU
+// unfused layer on each rank's experts, all-to-all back), on the same inputs, weights and routing,
+// in one process driving P GPUs.
+//
+// Weak scaling: fixed tokens per GPU, P = 1, 2, 4 (as many as present); the overlap efficiency is
+// T(1) / T(P) of the fused layer. A call is timed on the host from the first launch to the end of
+// the last rank's stream, after two warm-up calls; medians over --iters calls.
+//   - "given": both take the routing the fused router chose on the warm-up call;
+//   - "router": the fused layer with its router (the baseline has none in EP form).
+// Columns: median ms, MTokens/s (all ranks' tokens per second), speedup = baseline / fused.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/ep_baseline.cuh"
+#include "moe/ep_gpu_layer.cuh"
+#include "moe/reference.hpp"
+#include "runtime/cuda/scoped_device.hpp"
+
+namespace {
+
+using namespace loom::moe;
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Scenario {
+  char const* name;
+  std::uint32_t hidden, ffn, experts_per_rank, top_k, tokens_per_rank;
+};
+
+struct RankInputs {
+  loom::DeviceBuffer<bf16> x, out, base_out;
+  loom::DeviceBuffer<std::int32_t> ids;
+  loom::DeviceBuffer<float> weights;
+};
+
+void sync_all(std::vector<int> const& devices) {
+  for (int d : devices) {
+    loom::ScopedDevice on(d);
+    LOOM_CUDA(cudaDeviceSynchronize());
+  }
+}
+
+void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& first_json) {
+  MoEConfig c;
+  c.hidden = s.hidden, c.ffn = s.ffn, c.experts = s.experts_per_rank * world, c.top_k = s.top_k;
+  c.activation = Activation::swiglu, c.router = RouterScore::softmax;
+  c.max_tokens = s.tokens_per_rank;
+  std::vector<int> devices(world);
+  for (std::uint32_t r = 0; r < world; ++r) devices[r] = static_cast<int>(r);
+  MoEWeights const w = random_weights(c, 1234);
+  GpuEpMoEGroup fused(c, w, devices);
+  std::vector<RankInputs> in(world);
+  for (std::uint32_t r = 0; r < world; ++r) {
+    loom::ScopedDevice on(devices[r]);
+    in[r].x = loom::DeviceBuffer<bf16>(random_tokens(c, s.tokens_per_rank, 77 + r));
+    in[r].out = loom::DeviceBuffer<bf16>(std::size_t{s.tokens_per_rank} * c.hidden);
+    in[r].base_out = loom::DeviceBuffer<bf16>(std::size_t{s.tokens_per_rank} * c.hidden);
+  }
+  auto fused_calls = [&](bool given) {
+    std::vector<EpRankCall> calls(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      calls[r].x = in[r].x.get(), calls[r].tokens = s.tokens_per_rank, calls[r].out = in[r].out.get();
+      if (given) calls[r].ids = in[r].ids.get(), calls[r].weights = in[r].weights.get();
+    }
+    return calls;
+  };
+  // Warm-up with the router; its routing is what both layers take in the "given" runs.
+  for (int i = 0; i < 2; ++i) {
+    fused.forward(fused_calls(false));
+    fused.check();
+  }
+  for (std::uint32_t r = 0; r < world; ++r) {
+    auto const ids = fused.rank(r).topk_ids();
+    auto const wts = fused.rank(r).topk_weights();
+    loom::ScopedDevice on(devices[r]);
+    in[r].ids = loom::DeviceBuffer<std::int32_t>(ids);
+    in[r].weights = loom::DeviceBuffer<float>(wts);
+  }
+  auto time_fused = [&](bool given) {
+    std::vector<double> t;
+    for (int i = 0; i < iters + 2; ++i) {
+      sync_all(devices);
+      auto const t0 = Clock::now();
+      fused.forward(fused_calls(given));
+      fused.check();
+      if (i >= 2) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return median(t);
+  };
+  double const fused_router = time_fused(false);
+  double const fused_given = time_fused(true);
+
+  std::vector<loom::NcclCommunicator> comms = loom::NcclCommunicator::init_all(devices);
+  UnfusedEpMoE baseline(c, w, comms);
+  std::vector<UnfusedEpCall> base_calls(world);
+  for (std::uint32_t r = 0; r < world; ++r)
+    base_calls[r] = UnfusedEpCall{in[r].x.get(), s.tokens_per_rank, in[r].ids.get(),
+                                  in[r].weights.get(), in[r].base_out.get()};
+  std::vector<double> tb;
+  for (int i = 0; i < iters + 2; ++i) {
+    sync_all(devices);
+    auto const t0 = Clock::now();
+    baseline.forward(base_calls);
+    baseline.synchronize();
+    if (i >= 2) tb.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  double const base_given = median(tb);
+  // The two layers compute the same function on the given routing.
+  double diff = 0, norm = 0;
+  for (std::uint32_t r = 0; r < world; ++r) {
+    loom::ScopedDevice on(devices[r]);
+    auto const a = in[r].out.download();
+    auto const b = in[r].base_out.download();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      double const x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+      diff += (x - y) * (x - y), norm += y * y;
+    }
+  }
+  double const rel = norm > 0 ? std::sqrt(diff / norm) : 0.0;
+  double const tokens = double(s.tokens_per_rank) * world;
+  std::printf("%-8s P=%u E=%-4u T/rank=%-6u  fused(router) %8.3f ms  fused(given) %8.3f ms  "
+              "baseline(given) %8.3f ms  speedup %5.2fx  %7.2f MTok/s  rel.diff %.1e\n",
+              s.name, world, c.experts, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
+              base_given * 1e3, base_given / fused_given, tokens / fused_router / 1e6, rel);
+  std::fflush(stdout);
+  if (json) {
+    std::fprintf(json,
+                 "%s{\"scenario\":\"%s\",\"world\":%u,\"experts\":%u,\"hidden\":%u,\"ffn\":%u,"
+                 "\"top_k\":%u,\"tokens_per_rank\":%u,\"fused_router_ms\":%.4f,"
+                 "\"fused_given_ms\":%.4f,\"baseline_given_ms\":%.4f,\"rel_diff\":%.3e}",
+                 first_json ? "" : ",\n", s.name, world, c.experts, c.hidden, c.ffn, c.top_k,
+                 s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3, base_given * 1e3, rel);
+    first_json = false;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 10;
+  std::uint32_t max_world = 4;
+  std::string only, json_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    if (a == "--iters" && i + 1 < argc) iters = std::stoi(argv[++i]);
+    else if (a == "--max-world" && i + 1 < argc) max_world = std::stoul(argv[++i]);
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--iters N] [--max-world P] [--only weak|decode] [--json FILE]\n",
+                   argv[0]);
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  int const devices = loom::cuda_device_count();
+  if (devices == 0) {
+    std::fprintf(stderr, "loom_ep_bench: no GPU\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  LOOM_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %d x %s; medians of %d calls (host wall time, launch to last stream)\n",
+              devices, prop.name, iters);
+  Scenario const scenarios[] = {
+      {"weak", 2048, 2048, 32, 2, 8192},
+      {"decode", 7168, 2048, 32, 8, 128},
+  };
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (json) std::fprintf(json, "[\n");
+  bool first = true;
+  try {
+    for (auto const& s : scenarios) {
+      if (!only.empty() && only != s.name) continue;
+      for (std::uint32_t world = 1; world <= std::min<std::uint32_t>(max_world, devices); world *= 2)
+        run(s, world, iters, json, first);
+    }
+  } catch (loom::Error const& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  if (json) std::fprintf(json, "\n]\n"), std::fclose(json);
+  return 0;
+}
