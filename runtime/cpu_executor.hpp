@@ -33,6 +33,7 @@ struct CpuOptions {
   std::uint32_t chaos_per_mille = 50;  // chance of a delay at each protocol point
   std::uint32_t chaos_max_delay_us = 200;
   std::uint32_t trace_capacity = 0;  // per rank; 0: tracing off
+  std::uint64_t prefetch_after_ns = 2000;  // see StateOptions (0: always, kNoPrefetch: never)
 };
 
 // Host-side state of one rank: its graph, the arena, the bound RuntimeState.
@@ -105,6 +106,7 @@ class CpuExecutor {
       so.watchdog_ns = static_cast<std::uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(options.watchdog).count());
       so.trace_capacity = options.trace_capacity;
+      so.prefetch_after_ns = options.prefetch_after_ns;
       ranks_.push_back(std::make_unique<HostRankState>(std::move(graphs[r]), so));
     }
   }

@@ -47,6 +47,10 @@ Graph GraphBuilder::build() const {
                 std::to_string(dynamic_bound_) + " exceed the per-launch limit of " +
                 std::to_string(kMaxTasksPerLaunch - 1));
 
+  if (n_events >= kMaxEventsPerLaunch)
+    throw Error("loom: " + std::to_string(n_events) + " events exceed the per-launch limit of " +
+                std::to_string(kMaxEventsPerLaunch - 1));
+
   // Dangling references and duplicate gates.
   std::vector<std::vector<TaskId>> completers(n_events);
   std::vector<std::vector<TaskId>> successors(n_events);

@@ -22,23 +22,17 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
   Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.idle.id);
   Heartbeat beat(&s.counters->beat.value);
   TaskContext ctx(s, epoch, who, heap, nullptr);
-  std::uint32_t unreported = 0;  // tasks completed since the last idle report
-  TaskRef ref = kStopRef;
+  ProcessorLink link;
+  link.me = me;
   for (;;) {
-    if (ref == kStopRef) {
-      if (!queue_push(s.idle, idle_report(me, unreported), push_dog)) return;
-      unreported = 0;
-      if (!doorbell_wait(bell, ref, beat, bell_dog) || ref == kStopRef) return;
-    }
+    TaskRef ref = kStopRef;
+    if (!take_next_task(s, link, bell, beat, bell_dog, push_dog, ref) || ref == kStopRef) return;
     Task const task = s.task(ref);
     std::uint64_t const start = s.trace ? now_ns() : 0;
     ctx.set_task_type(task.header.type);
     if (!Pipeline::run_host(task, ctx) || has_error(*s.error)) return;
     record_trace(s, task, me, start);
-    push_dog.reset();
-    ++unreported;
-    bool const may_keep = Policy::local_dispatch && unreported < kMaxReportCount;
-    if (!complete_task(s, task, epoch, who, push_dog, may_keep, ref)) return;
+    if (!finish_task(s, link, task, epoch, who, push_dog, Policy::local_dispatch)) return;
   }
 }
 

@@ -96,8 +96,9 @@ struct Pipeline {
   }
 
 #if defined(__CUDACC__)
-  // Runs the device body; called by every thread of the processor block.
-  __device__ static bool run_device(Task const& task, TaskContext& ctx) {
+  // Runs the device body; called by every thread of the processor block. Inlined into the
+  // persistent kernel: a wgmma pipeline inside a called function is serialized by ptxas.
+  __device__ __forceinline__ static bool run_device(Task const& task, TaskContext& ctx) {
     return run_device_impl(task, ctx, std::index_sequence_for<Types...>{});
   }
 #endif
@@ -122,7 +123,7 @@ struct Pipeline {
   }
 #if defined(__CUDACC__)
   template <std::size_t... I>
-  __device__ static bool run_device_impl(Task const& task, TaskContext& ctx,
+  __device__ __forceinline__ static bool run_device_impl(Task const& task, TaskContext& ctx,
                                          std::index_sequence<I...>) {
     bool const known =
         ((task.header.type == I ? (Types::device(task.as<typename Types::Payload>(), ctx), true)

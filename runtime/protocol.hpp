@@ -15,8 +15,8 @@ LOOM_HD LOOM_INLINE bool make_ready(RuntimeState const& s, TaskRef ref, std::uin
 }
 
 // A static task's gate event fired: true when that was its last gate (it is ready now).
-LOOM_HD LOOM_INLINE bool gate_opened(RuntimeState const& s, TaskId t, std::uint64_t epoch) {
-  std::uint32_t const gates = s.graph.gate_counts[t];
+LOOM_HD LOOM_INLINE bool gate_opened(RuntimeState const& s, TaskId t, std::uint32_t gates,
+                                     std::uint64_t epoch) {
   if (gates <= 1) return true;
   std::uint64_t const arrived = fetch_add_acq_rel(s.gate_arrivals[t], std::uint64_t{1}) + 1;
   return arrived == epoch * gates;
@@ -26,9 +26,27 @@ LOOM_HD LOOM_INLINE bool gate_opened(RuntimeState const& s, TaskId t, std::uint6
 // epoch * expected releases the successors; arrivals beyond it are an error (they would corrupt
 // the next launch's epoch), reported, not ignored.
 //
-// Released successors go to the ready queue in chunks under one ticket each. If `keep` is not
-// null, the first released successor is handed back in *keep instead (it was kStopRef on entry):
-// the caller runs it next itself (local dispatch) and it never passes through the scheduler.
+// An event with at most kFanOutAbove successors is released by its last arriver: they go to the
+// ready queue under one ticket, their successor words loaded together (one round trip to memory,
+// not one per successor). If `keep` is not null, the first released successor is handed back in
+// *keep instead (it was kStopRef on entry): the caller runs it next itself (local dispatch) and it
+// never passes through the scheduler. A wider fan-out goes to the scheduler as one fan-out entry
+// (release_fanout): one thread releasing hundreds of successors a chunk at a time takes a round
+// trip or more per chunk while the processors it would feed sit idle.
+inline constexpr std::uint32_t kFanOutAbove = kPushChunk;
+
+// The scheduler's side of a fan-out entry: push(entry) for each successor of `e` whose last gate
+// this was. The GPU's scheduler warp has its own version, 32 lanes wide (scheduler_warp.cuh).
+template <class PushFn>
+LOOM_HD void release_fanout(RuntimeState const& s, EventId e, std::uint64_t epoch, PushFn push) {
+  EventDesc const ev = s.graph.events[e];
+  for (std::uint32_t i = ev.succ_begin; i < ev.succ_end; ++i) {
+    std::uint64_t const word = s.graph.successors[i];
+    std::uint32_t const entry = static_cast<std::uint32_t>(word);
+    if (gate_opened(s, entry & kRefMask, static_cast<std::uint32_t>(word >> 32), epoch)) push(entry);
+  }
+}
+
 LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t epoch, WaiterId who,
                                 Watchdog& dog, TaskRef* keep = nullptr) {
   chaos_point();
@@ -41,27 +59,27 @@ LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t 
                 ev.expected, count - (epoch - 1) * ev.expected);
     return false;
   }
+  std::uint32_t const m = ev.succ_end - ev.succ_begin;
+  if (m > kFanOutAbove) return queue_push(s.ready, fanout_entry(e), dog);
+  std::uint64_t words[kPushChunk];
+LOOM_UNROLL
+  for (std::uint32_t i = 0; i < kPushChunk; ++i)
+    if (i < m) words[i] = s.graph.successors[ev.succ_begin + i];
   std::uint32_t chunk[kPushChunk];
   std::uint32_t n = 0;
-  for (std::uint32_t i = ev.succ_begin; i < ev.succ_end; ++i) {
-    TaskId const t = s.graph.successors[i];
-    if (!gate_opened(s, t, epoch)) continue;
+LOOM_UNROLL
+  for (std::uint32_t i = 0; i < kPushChunk; ++i) {
+    if (i >= m) continue;
+    std::uint32_t const entry = static_cast<std::uint32_t>(words[i]);
+    TaskId const t = entry & kRefMask;
+    if (!gate_opened(s, t, static_cast<std::uint32_t>(words[i] >> 32), epoch)) continue;
     if (keep && *keep == kStopRef) {
       *keep = t;
       continue;
     }
-    chunk[n++] = ready_entry(t, s.graph.tasks[t].header.priority);
-    if (n == kPushChunk) {
-      if (!queue_push_chunk(
-              s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
-        return false;
-      n = 0;
-    }
+    chunk[n++] = entry;
   }
-  if (n != 0 && !queue_push_chunk(
-                    s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog))
-    return false;
-  return true;
+  return n == 0 || queue_push_chunk(s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog);
 }
 
 // Appends one task's trace record (when tracing is on; records past the capacity are dropped).
@@ -86,6 +104,71 @@ LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, 
   bool const local =
       may_keep && load_relaxed(*s.ready.tail) == load_relaxed(s.counters->drained_at.value);
   return arrive(s, task.header.event, epoch, who, dog, local ? &keep : nullptr);
+}
+
+// A processor's side of the doorbell protocol (the CPU executor's processor thread, the GPU
+// processor block's thread 0). See processor_report in state.hpp for the credit.
+inline constexpr std::uint32_t kRingPolls = 4;
+struct ProcessorLink {
+  std::uint32_t me = 0;
+  std::uint32_t unreported = 0;  // tasks completed since the last report
+  bool credit_out = false;       // the scheduler holds this processor's credit
+  TaskRef kept = kStopRef;       // a successor kept by local dispatch, run next
+  std::uint64_t taken_ns = 0;    // when the running task was taken
+  std::uint64_t last_ns = 0;     // how long the previous task took, taken to finished
+};
+
+// The next task to run in `ref`: the kept successor, else the doorbell's ref, waiting for it
+// (bounded) after handing over the credit or the count the scheduler does not have yet. With
+// prefetch (the previous task ran at least prefetch_after_ns) the credit goes back to the
+// scheduler as soon as a ref is taken. kStopRef: the launch
+// is over. False when a wait or a push ended on an error.
+LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& link, Doorbell& bell,
+                                        Heartbeat& beat, Watchdog& bell_dog, Watchdog& push_dog,
+                                        TaskRef& ref) {
+  ref = link.kept;
+  link.kept = kStopRef;
+  if (ref == kStopRef) {
+    // With the credit out, a ring is likely on its way: a few polls first, so that the count
+    // rides on the next credit report instead of a report of its own.
+    bool rung = false;
+    for (std::uint32_t i = 0; link.credit_out && !rung && i < kRingPolls; ++i)
+      rung = doorbell_poll(bell, ref);
+    if (!rung) {
+      if (!link.credit_out || link.unreported != 0) {
+        if (!queue_push(s.idle, processor_report(link.me, link.unreported, !link.credit_out),
+                        push_dog))
+          return false;
+        link.unreported = 0;
+        link.credit_out = true;
+      }
+      if (!doorbell_wait(bell, ref, beat, bell_dog)) return false;
+    }
+    link.credit_out = false;
+  }
+  if (s.prefetch_after_ns != kNoPrefetch) link.taken_ns = now_ns();
+  if (ref != kStopRef && !link.credit_out && link.last_ns >= s.prefetch_after_ns) {
+    push_dog.reset();
+    if (!queue_push(s.idle, processor_report(link.me, link.unreported, true), push_dog))
+      return false;
+    link.unreported = 0;
+    link.credit_out = true;
+  }
+  return true;
+}
+
+// After running `task`: counts it and completes it, keeping a released successor when the policy
+// allows local dispatch.
+LOOM_HD LOOM_INLINE bool finish_task(RuntimeState const& s, ProcessorLink& link, Task const& task,
+                                     std::uint64_t epoch, WaiterId who, Watchdog& push_dog,
+                                     bool local_dispatch) {
+  push_dog.reset();
+  if (s.prefetch_after_ns != kNoPrefetch) link.last_ns = now_ns() - link.taken_ns;
+  ++link.unreported;
+  bool const may_keep = local_dispatch && link.unreported < kMaxReportCount;
+  if (complete_task(s, task, epoch, who, push_dog, may_keep, link.kept)) return true;
+  link.kept = kStopRef;
+  return false;
 }
 
 // Emits one dynamic task (any thread of any actor). It is counted against the graph's declared
@@ -117,14 +200,19 @@ LOOM_HD bool emit_tasks(RuntimeState const& s, std::uint32_t n, MakeFn make, Wai
                 s.graph.dynamic_bound, first + n);
     return false;
   }
-  for (std::uint32_t i = 0; i < n; ++i) s.dynamic_tasks[first + i] = make(i);
   TaskRef const base = s.graph.task_count + static_cast<TaskRef>(first);
   for (std::uint32_t done = 0; done < n; done += kPushChunk) {
     std::uint32_t const m = n - done < kPushChunk ? n - done : kPushChunk;
-    auto entry = [&](std::uint32_t k) {
-      return ready_entry(base + done + k, s.dynamic_tasks[first + done + k].header.priority);
-    };
-    if (!queue_push_chunk(s.ready, m, entry, dog)) return false;
+    std::uint32_t entries[kPushChunk];
+    for (std::uint32_t k = 0; k < m; ++k) {
+      Task const task = make(done + k);
+      s.dynamic_tasks[first + done + k] = task;
+      entries[k] = ready_entry(base + done + k, task.header.priority);
+    }
+    // The release in queue_push_chunk publishes the descriptors written above.
+    if (!queue_push_chunk(
+            s.ready, m, [&](std::uint32_t k) { return entries[k]; }, dog))
+      return false;
   }
   return true;
 }

@@ -42,14 +42,19 @@ LOOM_HD LOOM_INLINE bool queue_push_chunk(QueueView q, std::uint32_t n, EntryFn 
   std::uint64_t const pos = fetch_add_relaxed(*q.tail, std::uint64_t{n});
   chaos_point();
   for (;;) {
+    // All n loads first, then the checks: one round trip to memory, not n.
+    std::uint64_t seq[kPushChunk];
+    LOOM_UNROLL
+    for (std::uint32_t i = 0; i < kPushChunk; ++i)
+      if (i < n) seq[i] = load_relaxed(q.seq[(pos + i) % q.capacity]);
     bool free = true;
     std::uint64_t first_busy = 0, seen = 0;
-    for (std::uint32_t i = 0; i < n; ++i) {
-      std::uint64_t const s = load_relaxed(q.seq[(pos + i) % q.capacity]);
-      if (s != pos + i && free) {
+    LOOM_UNROLL
+    for (std::uint32_t i = 0; i < kPushChunk; ++i) {
+      if (i < n && seq[i] != pos + i && free) {
         free = false;
         first_busy = pos + i;
-        seen = s;
+        seen = seq[i];
       }
     }
     if (free) break;

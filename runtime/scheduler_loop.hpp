@@ -1,5 +1,6 @@
 // The scheduler actor: one thread that moves ready tasks to idle processors until every task of
-// the launch, static and dynamic, has completed, then ends the launch. The same loop runs on a
+// the launch, static and dynamic, has completed, then ends the launch. It also releases the
+// successors of wide fan-outs (fan-out entries, see arrive). The same loop runs on a
 // CPU-executor thread and on lane 0 of the GPU's scheduler warp.
 #pragma once
 
@@ -46,7 +47,10 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
 
   ReadyList<Policy> ready(s);  // the roots are already in it
 
-  std::uint32_t idle = 0;       // processors waiting, ids in s.idle_list[0, idle)
+  // Credits held (processors whose doorbell may be rung), oldest first: s.idle_list is a ring of
+  // `processors` entries from idle_head to idle_tail. Oldest first matters with prefetch: a
+  // processor that has waited idle gets work before one that just started a task.
+  std::uint64_t idle_head = 0, idle_tail = 0;
   std::uint64_t completed = 0;  // tasks reported done by processors
   std::uint64_t ready_pos = load_relaxed(*s.ready.head);
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
@@ -58,16 +62,19 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
     bool progress = false;
     std::uint32_t entry;
     while (queue_try_pop(s.ready, entry)) {
-      ready.push(entry);
+      if (is_fanout(entry))
+        release_fanout(s, fanout_event(entry), epoch, [&](std::uint32_t e) { ready.push(e); });
+      else
+        ready.push(entry);
       progress = true;
     }
     while (queue_try_pop(s.idle, entry)) {
-      completed += entry >> kReportCountShift;
-      s.idle_list[idle++] = entry & (kMaxProcessors - 1);
+      completed += report_count(entry);
+      if (report_credit(entry)) s.idle_list[idle_tail++ % s.processors] = report_processor(entry);
       progress = true;
     }
-    while (idle > 0 && !ready.empty()) {
-      doorbell_ring(s.doorbells[s.idle_list[--idle]], ready.pop());
+    while (idle_tail != idle_head && !ready.empty()) {
+      doorbell_ring(s.doorbells[s.idle_list[idle_head++ % s.processors]], ready.pop());
       progress = true;
     }
     ready_pos = load_relaxed(*s.ready.head);
@@ -83,7 +90,7 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
       ok = false;
       break;
     }
-    if (completed + retired == total && idle == s.processors &&
+    if (completed + retired == total && idle_tail - idle_head == s.processors &&
         load_acquire(c.subscribers_in.value) == s.subscribers)
       break;
 

@@ -11,7 +11,7 @@ namespace loom {
 
 struct EventDesc {
   std::uint32_t expected;    // arrivals per launch
-  std::uint32_t succ_begin;  // successors[succ_begin, succ_end) are static task ids
+  std::uint32_t succ_begin;  // successors[succ_begin, succ_end): the released static tasks
   std::uint32_t succ_end;
   std::uint32_t flags;  // EventDesc::kDynamicArrivals, ...
   static constexpr std::uint32_t kDynamicArrivals = 1u;
@@ -30,7 +30,7 @@ struct GraphView {
   std::uint32_t const* gate_counts;  // [task_count] events a task waits for (0 = root)
   TaskId const* roots;
   EventDesc const* events;
-  TaskId const* successors;
+  std::uint64_t const* successors;  // successor_word(task): what releasing it needs, in one load
   std::uint32_t task_count;
   std::uint32_t root_count;
   std::uint32_t event_count;
@@ -73,7 +73,7 @@ struct RuntimeState {
   Task* dynamic_tasks;            // [dynamic_bound]
   Counters* counters;
   QueueView ready;            // entries: level << 30 | ref
-  QueueView idle;             // entries: idle_report(processor, completed)
+  QueueView idle;             // entries: processor_report(processor, completed, credit)
   Doorbell* doorbells;        // [processors]
   std::uint32_t* ready_list;  // scheduler-private: [kReadyRings][task capacity], roots first
   std::uint32_t* idle_list;   // scheduler-private storage: [processors]
@@ -86,6 +86,7 @@ struct RuntimeState {
   std::uint32_t rank;
   std::uint32_t world;
   std::uint64_t watchdog_ns;  // 0 = unbounded (not recommended)
+  std::uint64_t prefetch_after_ns;  // prefetch once the previous task ran this long (kNoPrefetch: never)
 
   LOOM_HD LOOM_INLINE std::uint32_t task_capacity() const {
     return graph.task_count + graph.dynamic_bound;
@@ -95,13 +96,32 @@ struct RuntimeState {
   }
 };
 
-// An idle report: the processor's id in the low 16 bits, the number of tasks it completed since its
-// last report above them (0 for the first report of a launch).
+inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
+
+// A processor's report to the scheduler: its id in the low 16 bits, the number of tasks it
+// completed since its last report in the next 15, and in the top bit whether it hands the
+// scheduler its credit: its doorbell is empty and may be rung. A processor has one credit; it
+// takes it back when it takes the ref the scheduler rang. Without prefetch it hands the credit
+// over once its task is done; with prefetch as soon as it takes a task, so the next ring arrives
+// while the task runs. A processor prefetches when its previous task ran at least
+// prefetch_after_ns: long tasks hide the scheduler's round trip, and short ones would only double
+// the reports the scheduler handles. A report without the credit only brings the count up to date.
 inline constexpr std::uint32_t kReportCountShift = 16;
 inline constexpr std::uint32_t kMaxProcessors = 1u << kReportCountShift;
 inline constexpr std::uint32_t kMaxReportCount = (1u << 15) - 1;
-LOOM_HD LOOM_INLINE std::uint32_t idle_report(std::uint32_t processor, std::uint32_t completed) {
-  return processor | (completed << kReportCountShift);
+inline constexpr std::uint32_t kReportCredit = 1u << 31;
+LOOM_HD LOOM_INLINE std::uint32_t processor_report(std::uint32_t processor,
+                                                   std::uint32_t completed, bool credit) {
+  return processor | (completed << kReportCountShift) | (credit ? kReportCredit : 0u);
+}
+LOOM_HD LOOM_INLINE std::uint32_t report_processor(std::uint32_t report) {
+  return report & (kMaxProcessors - 1);
+}
+LOOM_HD LOOM_INLINE std::uint32_t report_count(std::uint32_t report) {
+  return (report >> kReportCountShift) & kMaxReportCount;
+}
+LOOM_HD LOOM_INLINE bool report_credit(std::uint32_t report) {
+  return (report & kReportCredit) != 0;
 }
 inline constexpr std::uint32_t kLevelShift = 30;
 
@@ -110,6 +130,25 @@ LOOM_HD LOOM_INLINE std::uint32_t priority_level(std::uint8_t priority) {
 }
 LOOM_HD LOOM_INLINE std::uint32_t ready_entry(TaskRef ref, std::uint8_t priority) {
   return (priority_level(priority) << kLevelShift) | ref;
+}
+
+// A fan-out entry in the ready queue: event `e` fired and the scheduler releases its successors
+// itself, many per memory round trip, instead of the one thread whose arrival fired it.
+LOOM_HD LOOM_INLINE std::uint32_t fanout_entry(EventId e) {
+  return kFanOutFlag | e;
+}
+LOOM_HD LOOM_INLINE bool is_fanout(std::uint32_t entry) {
+  return (entry & kFanOutFlag) != 0;
+}
+LOOM_HD LOOM_INLINE EventId fanout_event(std::uint32_t entry) {
+  return entry & (kFanOutFlag - 1);
+}
+
+// A successor as its releaser needs it: the ready entry in the low word, the task's gate count in
+// the high word (more than one gate: it waits for its other events too).
+LOOM_HD LOOM_INLINE std::uint64_t successor_word(TaskRef ref, std::uint8_t priority,
+                                                 std::uint32_t gates) {
+  return std::uint64_t{gates} << 32 | ready_entry(ref, priority);
 }
 
 }  // namespace loom

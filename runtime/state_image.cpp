@@ -32,7 +32,7 @@ StateLayout::StateLayout(Graph const& graph, StateOptions const& options)
   gate_counts_ = take(n_tasks * sizeof(std::uint32_t));
   roots_ = take(graph.roots.size() * sizeof(TaskId));
   events_ = take(graph.events.size() * sizeof(EventDesc));
-  successors_ = take(graph.successors.size() * sizeof(TaskId));
+  successors_ = take(graph.successors.size() * sizeof(std::uint64_t));
   event_arrivals_ = take(graph.events.size() * sizeof(std::uint64_t));
   gate_arrivals_ = take(n_tasks * sizeof(std::uint64_t));
   dynamic_tasks_ = take(graph.dynamic_bound * sizeof(Task));
@@ -43,8 +43,9 @@ StateLayout::StateLayout(Graph const& graph, StateOptions const& options)
   ready_items_ = take(queue_capacity * sizeof(std::uint32_t));
   idle_tail_ = take(sizeof(std::uint64_t));
   idle_head_ = take(sizeof(std::uint64_t));
-  idle_seq_ = take(options.processors * sizeof(std::uint64_t));
-  idle_items_ = take(options.processors * sizeof(std::uint32_t));
+  // At most two reports of each processor are in flight: its credit and a count.
+  idle_seq_ = take(2 * options.processors * sizeof(std::uint64_t));
+  idle_items_ = take(2 * options.processors * sizeof(std::uint32_t));
   doorbells_ = take(options.processors * sizeof(Doorbell));
   ready_list_ = take(std::size_t{kReadyRings} * queue_capacity * sizeof(std::uint32_t));
   idle_list_ = take(options.processors * sizeof(std::uint32_t));
@@ -63,7 +64,7 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
   s.graph.gate_counts = reinterpret_cast<std::uint32_t const*>(at(gate_counts_));
   s.graph.roots = reinterpret_cast<TaskId const*>(at(roots_));
   s.graph.events = reinterpret_cast<EventDesc const*>(at(events_));
-  s.graph.successors = reinterpret_cast<TaskId const*>(at(successors_));
+  s.graph.successors = reinterpret_cast<std::uint64_t const*>(at(successors_));
   s.graph.task_count = n_tasks;
   s.graph.root_count = static_cast<std::uint32_t>(graph_.roots.size());
   s.graph.event_count = static_cast<std::uint32_t>(graph_.events.size());
@@ -87,7 +88,7 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
                      reinterpret_cast<std::uint64_t*>(at(idle_head_)),
                      reinterpret_cast<std::uint64_t*>(at(idle_seq_)),
                      reinterpret_cast<std::uint32_t*>(at(idle_items_)),
-                     options_.processors,
+                     2 * options_.processors,
                      kIdleQueueId};
   s.doorbells = reinterpret_cast<Doorbell*>(at(doorbells_));
   s.ready_list = reinterpret_cast<std::uint32_t*>(at(ready_list_));
@@ -101,6 +102,7 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
   s.rank = options_.rank;
   s.world = options_.world;
   s.watchdog_ns = options_.watchdog_ns;
+  s.prefetch_after_ns = options_.prefetch_after_ns;
   return s;
 }
 
@@ -114,7 +116,14 @@ void StateLayout::initialize(void* host_image, std::uint64_t epoch) const {
   copy(gate_counts_, graph_.gate_counts);
   copy(roots_, graph_.roots);
   copy(events_, graph_.events);
-  copy(successors_, graph_.successors);
+  {
+    std::vector<std::uint64_t> words(graph_.successors.size());
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      TaskId const t = graph_.successors[i];
+      words[i] = successor_word(t, graph_.tasks[t].header.priority, graph_.gate_counts[t]);
+    }
+    copy(successors_, words);
+  }
   RuntimeState const s = bind(host_image);
   s.counters->epoch.value = epoch;
   s.counters->stopped.value = epoch - 1;

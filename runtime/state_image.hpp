@@ -18,6 +18,9 @@ struct StateOptions {
   std::uint32_t world = 1;
   std::uint64_t watchdog_ns = 5'000'000'000ull;
   std::uint32_t trace_capacity = 0;  // 0: tracing off
+  // Processors ask for their next task as they start one when the task before ran this long
+  // (0: always; kNoPrefetch: never). See processor_report in state.hpp.
+  std::uint64_t prefetch_after_ns = 2000;
 };
 
 class StateLayout {

@@ -19,6 +19,7 @@ struct GpuOptions {
   SchedulingPolicy policy = SchedulingPolicy::fifo;
   std::chrono::milliseconds watchdog{5000};
   std::uint32_t trace_capacity = 0;  // 0: tracing off
+  std::uint64_t prefetch_after_ns = 2000;  // see StateOptions (0: always, kNoPrefetch: never)
   std::uint32_t blocks_per_sm = 1;   // processors per SM, capped by the occupancy API's answer
   std::uint32_t max_processors = 0;  // 0: as many as can be resident
   std::uint32_t subscribers = 1;     // subscriber warps in the OS block
@@ -147,6 +148,7 @@ class GpuExecutor {
     so.watchdog_ns = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(options.watchdog).count());
     so.trace_capacity = options.trace_capacity;
+    so.prefetch_after_ns = options.prefetch_after_ns;
     return so;
   }
 

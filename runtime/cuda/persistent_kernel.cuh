@@ -22,12 +22,14 @@ __device__ __forceinline__ void block_barrier() {
   __syncthreads();
 }
 
-// Processor block: thread 0 waits for the doorbell, completes events and reports idle; every
-// thread copies the descriptor and runs the body. Three block barriers per task. When thread 0's
-// arrival releases a successor and the scheduler holds no backlog, the block runs that successor
-// next without going through the scheduler (local dispatch).
+// Processor block: thread 0 takes the next task (take_next_task: doorbell, reports, prefetch
+// credit) and completes events; every thread copies the descriptor and runs the body. Three block
+// barriers per task. When thread 0's arrival releases a successor and the scheduler holds no
+// backlog, the block runs that successor next without going through the scheduler (local
+// dispatch).
+// Inlined into the kernel: ptxas serializes a wgmma pipeline that sits in a called function.
 template <class Pipeline, class Policy>
-__device__ void run_processor_block(RuntimeState const& s, SymmetricView const& heap,
+__device__ __forceinline__ void run_processor_block(RuntimeState const& s, SymmetricView const& heap,
                                     unsigned char* task_shared) {
   __shared__ ProcessorShared sh;
   std::uint32_t const me = blockIdx.x;
@@ -38,17 +40,13 @@ __device__ void run_processor_block(RuntimeState const& s, SymmetricView const& 
   Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.idle.id);
   Heartbeat beat(&s.counters->beat.value);
   TaskContext ctx(s, epoch, who, heap, task_shared);
-  std::uint32_t unreported = 0;  // thread 0: tasks completed since the last idle report
-  TaskRef next = kStopRef;       // thread 0: a successor kept by local dispatch
-  bool alive = true;             // thread 0: false once an error ended this actor
+  ProcessorLink link;  // thread 0's
+  link.me = me;
+  bool alive = true;  // thread 0: false once an error ended this actor
   for (;;) {
     if (threadIdx.x == 0) {
-      TaskRef ref = next;
-      if (alive && ref == kStopRef) {
-        alive = queue_push(s.idle, idle_report(me, unreported), push_dog) &&
-                doorbell_wait(bell, ref, beat, bell_dog);
-        unreported = 0;
-      }
+      TaskRef ref = kStopRef;
+      if (alive) alive = take_next_task(s, link, bell, beat, bell_dog, push_dog, ref);
       sh.ref = alive ? ref : kStopRef;
     }
     block_barrier();
@@ -67,11 +65,8 @@ __device__ void run_processor_block(RuntimeState const& s, SymmetricView const& 
     if (threadIdx.x == 0) {
       Task const& task = sh.task;
       record_trace(s, task, me, start);
-      push_dog.reset();
-      ++unreported;
-      bool const may_keep = Policy::local_dispatch && unreported < kMaxReportCount;
-      alive = !has_error(*s.error) && complete_task(s, task, epoch, who, push_dog, may_keep, next);
-      if (!alive) next = kStopRef;
+      alive = !has_error(*s.error) &&
+              finish_task(s, link, task, epoch, who, push_dog, Policy::local_dispatch);
     }
   }
 }

@@ -1,7 +1,8 @@
 // The scheduler actor on the GPU: the whole of warp 0 of the OS block runs the loop of
 // runtime/scheduler_loop.hpp over the same state, 32 entries at a time. Each lane peeks one queue
 // slot, a ballot finds the filled prefix, and one fence covers the batch; doorbells are rung 32
-// at a time behind a single release fence. Loop state (queue heads, ready-list ends, counts) is
+// at a time behind a single release fence; the successors of a fan-out entry are loaded 32 or more
+// at a time. Loop state (queue heads, ready-list ends, counts) is
 // kept identical in every lane, so every branch is warp-uniform.
 #pragma once
 
@@ -113,6 +114,33 @@ class WarpReadyList {
   std::uint64_t tail_[Policy::levels];
 };
 
+// The successors of a fan-out entry, kFanOutLoads x 32 at a time: every lane loads its words
+// first (one round trip for the batch), then opens their gates, then the warp pushes the ready
+// ones in successor order. Whole warp.
+inline constexpr std::uint32_t kFanOutLoads = 4;
+template <class Policy>
+__device__ __forceinline__ void release_fanout_warp(RuntimeState const& s,
+                                                    WarpReadyList<Policy>& ready, EventId e,
+                                                    std::uint64_t epoch) {
+  EventDesc const ev = s.graph.events[e];
+  for (std::uint32_t begin = ev.succ_begin; begin < ev.succ_end; begin += 32 * kFanOutLoads) {
+    std::uint64_t words[kFanOutLoads];
+#pragma unroll
+    for (std::uint32_t k = 0; k < kFanOutLoads; ++k) {
+      std::uint32_t const i = begin + 32 * k + warp::lane_id();
+      words[k] = i < ev.succ_end ? s.graph.successors[i] : 0;
+    }
+#pragma unroll
+    for (std::uint32_t k = 0; k < kFanOutLoads; ++k) {
+      std::uint32_t const entry = static_cast<std::uint32_t>(words[k]);
+      bool const open = begin + 32 * k + warp::lane_id() < ev.succ_end &&
+                        gate_opened(s, entry & kRefMask, static_cast<std::uint32_t>(words[k] >> 32),
+                                    epoch);
+      ready.push(open, entry);
+    }
+  }
+}
+
 template <class Policy>
 __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   unsigned const lane = warp::lane_id();
@@ -124,7 +152,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
   std::uint64_t idle_head = load_relaxed(*s.idle.head);
-  std::uint32_t idle = 0;                  // processors waiting: ids in s.idle_list[0, idle)
+  // Credits held, oldest first: a ring in s.idle_list (see scheduler_loop.hpp).
+  std::uint64_t idle_head_pos = 0, idle_tail_pos = 0;
   std::uint64_t completed = 0;             // tasks reported done
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   if (lane == 0) store_relaxed(c.drained_at.value, drained_at);
@@ -134,30 +163,46 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   for (;;) {
     bool progress = false;
     std::uint32_t entry = 0;
-    for (std::uint32_t n; (n = warp::pop_batch(s.ready, ready_head, entry)) != 0;) {
-      ready.push(lane < n, entry);
-      progress = true;
-    }
     for (std::uint32_t n; (n = warp::pop_batch(s.idle, idle_head, entry)) != 0;) {
       bool const mine = lane < n;
-      std::uint32_t done = mine ? entry >> kReportCountShift : 0;
+      std::uint32_t done = mine ? report_count(entry) : 0;
       for (int offset = 16; offset > 0; offset /= 2)
         done += __shfl_xor_sync(0xFFFFFFFFu, done, offset);
       completed += done;
-      if (mine) s.idle_list[idle + lane] = entry & (kMaxProcessors - 1);
-      idle += n;
+      bool const credit = mine && report_credit(entry);
+      unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
+      if (credit)
+        s.idle_list[(idle_tail_pos + __popc(credits & warp::lanes_below())) % s.processors] =
+            report_processor(entry);
+      idle_tail_pos += __popc(credits);
+      progress = true;
+    }
+    // FIFO takes ready entries only until the list covers the credits held and a batch more: a
+    // backlog of a thousand emitted tiles is moved over while the processors already run the
+    // first ones, not before (draining it first left every processor idle for ~40 µs). A policy
+    // with levels drains the queue: it must see every ready task to put the highest first.
+    for (std::uint32_t n;
+         (Policy::levels > 1 || ready.size() < idle_tail_pos - idle_head_pos + 32) &&
+         (n = warp::pop_batch(s.ready, ready_head, entry)) != 0;) {
+      bool const fan = lane < n && is_fanout(entry);
+      ready.push(lane < n && !fan, entry);
+      for (unsigned fans = __ballot_sync(0xFFFFFFFFu, fan); fans != 0; fans &= fans - 1) {
+        std::uint32_t const e = __shfl_sync(0xFFFFFFFFu, entry, __ffs(fans) - 1);
+        release_fanout_warp(s, ready, fanout_event(e), epoch);
+      }
       progress = true;
     }
     __syncwarp();
-    while (idle > 0 && ready.size() > 0) {
-      std::uint64_t const r = ready.size();
-      std::uint32_t const n =
-          static_cast<std::uint32_t>((idle < r ? idle : r) < 32 ? (idle < r ? idle : r) : 32);
+    while (idle_tail_pos != idle_head_pos && ready.size() > 0) {
+      std::uint64_t const idle = idle_tail_pos - idle_head_pos, r = ready.size();
+      std::uint64_t const m = idle < r ? idle : r;
+      std::uint32_t const n = static_cast<std::uint32_t>(m < 32 ? m : 32);
       TaskRef const ref = ready.take(n);
-      std::uint32_t const proc = lane < n ? s.idle_list[idle - 1 - lane] : 0;
+      std::uint32_t const proc =
+          lane < n ? s.idle_list[(idle_head_pos + lane) % s.processors] : 0;
       warp::fence_release();  // one release for the whole batch of rings
       if (lane < n) store_relaxed(s.doorbells[proc].word, kDoorbellFull | ref);
-      idle -= n;
+      idle_head_pos += n;
       progress = true;
     }
 
@@ -178,7 +223,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
         raise_error(*s.error, ErrorCode::retire_overshoot, who.actor, who.block, who.rank, 0, 0,
                     s.graph.dynamic_bound, emitted + retired);
         decision = 2;
-      } else if (completed + retired == total && idle == s.processors &&
+      } else if (completed + retired == total && idle_tail_pos - idle_head_pos == s.processors &&
                  subscribers_in == s.subscribers) {
         decision = 1;
       } else if (progress) {

@@ -49,6 +49,15 @@ TEST(Chaos, FanOutFanInUnderRandomDelays) {
   });
 }
 
+TEST(Chaos, SharedWideFanOutsUnderRandomDelays) {
+  for_each_chaos_seed([](std::uint64_t chaos) {
+    std::mt19937 rng(static_cast<std::uint32_t>(chaos));
+    Recorder r(4 + 600);
+    Shape const shape = shared_fanout_shape(r, 4, 600, rng);
+    run_shape_under_chaos(shape, r, chaos, 4);
+  });
+}
+
 TEST(Chaos, RandomDagUnderRandomDelays) {
   for_each_chaos_seed([](std::uint64_t chaos) {
     std::mt19937 rng(static_cast<std::uint32_t>(chaos));

@@ -66,6 +66,38 @@ TEST(Executor, RandomDagRunsEachTaskOnceAfterItsPredecessors) {
   run_and_check(shape, r, options_with(4), 2);
 }
 
+// Processors asking for their next task as they start one (prefetch: always, never, or after a
+// task of at least 2 µs, the default): the same order and exactly-once execution, with reports that carry a credit or only a
+// count, on a DAG and on a wide fan-out where the idle processors must get the work.
+TEST(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  Recorder r(10'000);
+  Shape const dag = random_dag_shape(r, 10'000, 64, rng, /*priorities=*/true);
+  Recorder f(2'002);
+  Shape const fan = fan_shape(f, 2'000, &rng);
+  for (std::uint64_t after : {kNoPrefetch, std::uint64_t{0}, std::uint64_t{2000}}) {
+    SCOPED_TRACE("prefetch_after_ns " + std::to_string(after));
+    CpuOptions o = options_with(4);
+    o.prefetch_after_ns = after;
+    run_and_check(dag, r, o, 2);
+    run_and_check(fan, f, o, 2);
+  }
+}
+
+// Fan-outs wider than one chunk are released by the scheduler (fan-out entries); tasks gated on
+// several of them run once, after the last.
+TEST(Executor, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) {
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  Recorder r(6 + 5'000);
+  Shape const shape = shared_fanout_shape(r, 6, 5'000, rng);
+  ASSERT_GT(shape.graph.events[0].succ_end - shape.graph.events[0].succ_begin, kFanOutAbove);
+  run_and_check(shape, r, options_with(4), 3);
+}
+
 TEST(Executor, FanOutThenFanIn) {
   std::uint32_t const seed = fresh_seed();
   SCOPED_TRACE(seed_trace(seed));

@@ -103,6 +103,35 @@ inline Shape fan_shape(Recorder& r, std::uint32_t width, std::mt19937* rng = nul
   return s;
 }
 
+// `sources` root tasks, each completing its own event, and `sinks` tasks that each wait on 1..3
+// distinct source events drawn at random: every event fans out to hundreds of tasks (released by
+// the scheduler from a fan-out entry), many of which also wait on other fan-outs.
+inline Shape shared_fanout_shape(Recorder& r, std::uint32_t sources, std::uint32_t sinks,
+                                 std::mt19937& rng) {
+  GraphBuilder b;
+  Shape s;
+  std::vector<EventId> done(sources);
+  for (std::uint32_t i = 0; i < sources; ++i) {
+    done[i] = b.add_event(1);
+    b.add_task(stamp_task(r, i, done[i], draw_priority(&rng)));
+  }
+  for (std::uint32_t j = 0; j < sinks; ++j) {
+    std::uint32_t const t = sources + j;
+    std::vector<EventId> after;
+    std::uint32_t const k = 1 + rng() % 3;
+    for (std::uint32_t g = 0; g < k; ++g) {
+      std::uint32_t const p = rng() % sources;
+      if (std::find(after.begin(), after.end(), done[p]) != after.end()) continue;
+      after.push_back(done[p]);
+      s.before.emplace_back(p, t);
+    }
+    b.add_task(stamp_task(r, t, kNoEvent, draw_priority(&rng)), after);
+  }
+  s.graph = b.build();
+  s.tasks = sources + sinks;
+  return s;
+}
+
 // n tasks in topological order; task t completes event t and waits on 0..3 distinct events of
 // tasks in the `window` before it, so the graph is wide, with many multi-gate tasks.
 inline Shape random_dag_shape(Recorder& r, std::uint32_t n, std::uint32_t window, std::mt19937& rng,

@@ -20,7 +20,7 @@ enum class GemmFailure : std::uint32_t {
 
 // Returns true once phase `parity` of `bar` completed; false when the launch failed (this wait
 // timed out and recorded it, or another actor failed). `which` names the barrier in the error.
-__device__ inline bool wait_barrier(std::uint64_t* bar, std::uint32_t parity,
+__device__ __forceinline__ bool wait_barrier(std::uint64_t* bar, std::uint32_t parity,
                                     TaskContext const& ctx, std::uint32_t which) {
   if (ptx::mbarrier_try_wait_parity(bar, parity)) return true;
   Watchdog dog = ctx.watchdog(WaitSite::none, which);
