@@ -19,7 +19,7 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms) {
   v.tile_rows = gemms.up.block_m;
   v.max_tokens = c.max_tokens;
   v.token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
-  if (std::size_t{v.token_block} * (c.hidden * 2 + c.experts * 4) > kRouteSharedBytes)
+  if (v.token_block * route_bytes_per_token(c.hidden, c.experts) + 16 > kRouteSharedBytes)
     throw Error("loom: MoEConfig: hidden=" + std::to_string(c.hidden) + " with experts=" +
                 std::to_string(c.experts) + " needs more than " +
                 std::to_string(kRouteSharedBytes) + " bytes of router staging per token");

@@ -8,6 +8,7 @@
 #include "moe/routing.hpp"
 #include "moe/view.hpp"
 #include "runtime/context.hpp"
+#include "tasks/gemm/ptx/mma_sync.cuh"
 
 namespace loom::moe {
 
@@ -30,6 +31,10 @@ LOOM_HD inline std::uint32_t check_given_routing(MoEView const& v, std::uint32_t
 
 struct RouteTokens {
   static constexpr char const* name = "moe_route";
+  // Device: 16-byte router loads each lane keeps in flight before it multiplies.
+  static constexpr std::uint32_t kRouterLoads = 16;
+  // Device: 16-byte token-row loads each thread keeps in flight while staging the block's rows.
+  static constexpr std::uint32_t kStageLoads = 8;
   static constexpr unsigned threads = 128;
   static constexpr unsigned shared_bytes = kRouteSharedBytes;  // token rows and logits
   using Payload = BlockPayload;
@@ -86,76 +91,222 @@ struct RouteTokens {
   }
 
 #if defined(__CUDACC__)
-  // The block's token rows are staged in shared memory; each warp then takes one expert at a
-  // time and streams its router row once (16 bytes a lane, coalesced) against every token of the
-  // block, keeping one partial sum per token in registers. One lane per token then scores and
-  // picks the top k.
+  // Logits on the tensor cores: the block's token rows are staged in shared memory (rows padded
+  // by kRouteRowPad bytes), and each warp computes an m16n8 tile of logits per 16 tokens for 8
+  // experts over a range of K with mma.m16n8k16, its router fragments loaded straight from
+  // global memory (one 16-byte load per lane per 32 columns, kRouterLoads of them in flight,
+  // through L2 only: the processor block's L1 is nearly all shared memory).
+  // The warps split K when there are fewer 8-expert tiles than warps; the partial sums are
+  // added in split order, so the logits do not depend on timing. One warp per token then
+  // scores and picks the top k (select_warp).
+  //
+  // Fragment layout: lane (g = lane / 4, c = lane % 4) loads columns 8c .. 8c+7 of a 32-column
+  // chunk, of router row g and of token rows g and g + 8. The two k16 steps of the chunk take
+  // columns {8c..8c+3} and {8c+4..8c+7}: a permutation of K applied to both operands alike,
+  // which leaves each dot product's terms unchanged.
+  __device__ static void router_logits(MoEView const& v, std::uint32_t t0, std::uint32_t n,
+                                       float* partial, unsigned char* xs) {
+    std::uint32_t const hidden = v.hidden, experts = v.experts;
+    std::uint32_t const stride = hidden * 2 + kRouteRowPad;  // bytes per staged row
+    bf16 const* __restrict__ const router_w = v.router_w;
+    uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * hidden);
+    std::uint32_t const row_chunks = hidden / 8, staged = n * row_chunks;
+    for (std::uint32_t i0 = threadIdx.x; i0 < staged; i0 += kStageLoads * blockDim.x) {
+      uint4 r[kStageLoads];
+#pragma unroll
+      for (std::uint32_t u = 0; u < kStageLoads; ++u)
+        if (i0 + u * blockDim.x < staged) r[u] = __ldcg(src + i0 + u * blockDim.x);
+#pragma unroll
+      for (std::uint32_t u = 0; u < kStageLoads; ++u) {
+        std::uint32_t const i = i0 + u * blockDim.x;
+        if (i < staged)
+          *reinterpret_cast<uint4*>(xs + (i / row_chunks) * stride + (i % row_chunks) * 16) = r[u];
+      }
+    }
+    __syncthreads();
+
+    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    std::uint32_t const g = lane / 4, c = lane % 4;
+    std::uint32_t const ntiles = (experts + 7) / 8;
+    std::uint32_t const ksplit = split_of(experts, warps);
+    std::uint32_t const chunks = hidden / 32;
+    std::uint32_t const per_split = (chunks + ksplit - 1) / ksplit;
+    std::uint32_t const mtiles = (n + 15) / 16;  // 1 or 2
+    // This lane's bytes in token rows g and g + 8 of each m-tile. Rows past n repeat row n - 1
+    // (their sums are never stored) so that no load leaves the staged rows.
+    std::uint32_t xrow[2][2];
+#pragma unroll
+    for (std::uint32_t mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (std::uint32_t h = 0; h < 2; ++h) {
+        std::uint32_t const row = mt * 16 + g + 8 * h;
+        xrow[mt][h] = (row < n ? row : n - 1) * stride + c * 16;
+      }
+    std::uint32_t const items = ntiles * ksplit;
+    for (std::uint32_t item = warp; item < items; item += warps) {
+      std::uint32_t const nt = item % ntiles, ks = item / ntiles;
+      std::uint32_t const e = nt * 8 + g;
+      std::uint32_t const c_begin = ks * per_split;
+      std::uint32_t const c_end = c_begin + per_split < chunks ? c_begin + per_split : chunks;
+      std::uint32_t const span = c_end > c_begin ? c_end - c_begin : 0;
+      uint4 const* const wrow =
+          reinterpret_cast<uint4 const*>(router_w + std::size_t{e < experts ? e : 0} * hidden) + c;
+      float acc[2][4] = {};
+      for (std::uint32_t j0 = 0; j0 < span; j0 += kRouterLoads) {
+        uint4 w[kRouterLoads];
+        std::uint32_t chunk[kRouterLoads];
+#pragma unroll
+        for (std::uint32_t u = 0; u < kRouterLoads; ++u) {
+          chunk[u] = c_begin + j0 + u;
+          w[u] = e < experts && j0 + u < span ? __ldcg(wrow + 4 * chunk[u]) : uint4{};
+        }
+#pragma unroll
+        for (std::uint32_t u = 0; u < kRouterLoads; ++u) {
+          if (j0 + u >= span) break;  // warp-uniform
+#pragma unroll
+          for (std::uint32_t mt = 0; mt < 2; ++mt) {
+            if (mt >= mtiles) break;
+            unsigned char const* const x0 = xs + chunk[u] * 64;
+            uint4 const lo = *reinterpret_cast<uint4 const*>(x0 + xrow[mt][0]);
+            uint4 const hi = *reinterpret_cast<uint4 const*>(x0 + xrow[mt][1]);
+            std::uint32_t const a0[4] = {lo.x, hi.x, lo.y, hi.y};
+            std::uint32_t const a1[4] = {lo.z, hi.z, lo.w, hi.w};
+            tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a0, w[u].x, w[u].y);
+            tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a1, w[u].z, w[u].w);
+          }
+        }
+      }
+      // Lane (g, c) holds rows g and g + 8 of each m-tile, experts nt * 8 + 2c and + 1.
+      float* const out = partial + std::size_t{ks} * n * experts;
+      std::uint32_t const col = nt * 8 + 2 * c;
+#pragma unroll
+      for (std::uint32_t mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (std::uint32_t h = 0; h < 2; ++h) {
+          std::uint32_t const row = mt * 16 + g + 8 * h;
+          if (mt >= mtiles || row >= n) continue;
+          if (col < experts) out[row * experts + col] = acc[mt][2 * h];
+          if (col + 1 < experts) out[row * experts + col + 1] = acc[mt][2 * h + 1];
+        }
+      }
+    }
+    __syncthreads();
+    if (ksplit > 1) {
+      for (std::uint32_t i = threadIdx.x; i < n * experts; i += blockDim.x) {
+        float sum = partial[i];
+        for (std::uint32_t ks = 1; ks < ksplit; ++ks) sum += partial[std::size_t{ks} * n * experts + i];
+        partial[i] = sum;
+      }
+    }
+  }
+
+  // True when (a, ia) ranks before (b, ib) in select_top_k's order: a real id before none, a
+  // number before NaN, the larger score first, the lower id among equals.
+  __device__ static bool ranks_before(float a, std::int32_t ia, float b, std::int32_t ib) {
+    if (ib < 0) return ia >= 0;
+    if (ia < 0) return false;
+    bool const na = a != a, nb = b != b;
+    if (na != nb) return nb;
+    if (!na && a != b) return a > b;
+    return ia < ib;
+  }
+
+  // score_logits and select_top_k for one token by one warp (the same order of picks; the
+  // softmax sum is added in another order): each lane scores experts lane, lane + 32, ... of the
+  // row in shared memory, then k rounds of a warp arg-max. Lane 0 writes ids and weights. (One
+  // thread per token would take most of the route task: k passes over E scores, each checking
+  // its candidates against the picks so far.)
+  __device__ static void select_warp(MoEView const& v, float* row, std::int32_t* ids,
+                                     float* weights) {
+    std::uint32_t const lane = threadIdx.x % 32, experts = v.experts;
+    if (v.score == RouterScore::sigmoid) {
+      for (std::uint32_t e = lane; e < experts; e += 32) row[e] = 1.0f / (1.0f + expf(-row[e]));
+    } else {
+      float max = row[0];
+      for (std::uint32_t e = lane; e < experts; e += 32) max = fmaxf(max, row[e]);
+      for (int offset = 16; offset > 0; offset /= 2)
+        max = fmaxf(max, __shfl_xor_sync(0xFFFFFFFFu, max, offset));
+      float sum = 0.0f;
+      for (std::uint32_t e = lane; e < experts; e += 32) sum += (row[e] = expf(row[e] - max));
+      for (int offset = 16; offset > 0; offset /= 2)
+        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+      for (std::uint32_t e = lane; e < experts; e += 32) row[e] /= sum;
+    }
+    std::int32_t picked[kMaxTopK];
+    float picked_score[kMaxTopK];
+#pragma unroll
+    for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
+      if (j >= v.top_k) break;
+      std::int32_t best = -1;
+      float best_score = 0.0f;
+      for (std::uint32_t e = lane; e < experts; e += 32) {
+        bool taken = false;
+#pragma unroll
+        for (std::uint32_t i = 0; i < kMaxTopK; ++i)
+          taken |= i < j && picked[i] == static_cast<std::int32_t>(e);
+        if (!taken && ranks_before(row[e], static_cast<std::int32_t>(e), best_score, best)) {
+          best = static_cast<std::int32_t>(e);
+          best_score = row[e];
+        }
+      }
+      for (int offset = 16; offset > 0; offset /= 2) {
+        std::int32_t const other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
+        float const other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, offset);
+        if (ranks_before(other_score, other, best_score, best)) {
+          best = other;
+          best_score = other_score;
+        }
+      }
+      picked[j] = best;
+      picked_score[j] = best_score;
+    }
+    if (lane != 0) return;
+    float sum = 0.0f;
+    if (v.renormalize)
+      for (std::uint32_t j = 0; j < v.top_k; ++j) sum += picked_score[j];
+    for (std::uint32_t j = 0; j < v.top_k; ++j) {
+      ids[j] = picked[j];
+      weights[j] = v.renormalize ? picked_score[j] / sum : picked_score[j];
+    }
+  }
+
+  // K-splits of the router for `warps` warps: enough to give every warp a tile, within
+  // kRouteSplitColumns partial columns.
+  LOOM_HD static std::uint32_t split_of(std::uint32_t experts, std::uint32_t warps) {
+    std::uint32_t const ntiles = (experts + 7) / 8;
+    std::uint32_t const by_warps = warps / ntiles;
+    std::uint32_t const by_space = kRouteSplitColumns / (ntiles * 8);
+    std::uint32_t const k = by_warps < by_space ? by_warps : by_space;
+    return k > 1 ? k : 1;
+  }
+
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
     std::uint32_t const t0 = p.block * v.token_block;
     if (t0 >= tokens) return;
     std::uint32_t const n = tokens - t0 < v.token_block ? tokens - t0 : v.token_block;
-    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     auto* const smem = static_cast<unsigned char*>(ctx.shared_memory());
-    float* const logits = reinterpret_cast<float*>(smem);  // [n][experts]
-    bf16* const xs = reinterpret_cast<bf16*>(
-        smem + (std::size_t{n} * v.experts * sizeof(float) + 15) / 16 * 16);  // [n][hidden]
+    // [split][n][experts] partial logits (split 0: the logits), then the staged token rows.
+    float* const logits = reinterpret_cast<float*>(smem);
+    std::size_t const logit_bytes =
+        std::size_t{split_of(v.experts, blockDim.x / 32)} * n * v.experts * sizeof(float);
+    unsigned char* const xs = smem + (logit_bytes + 15) / 16 * 16;
     __shared__ std::uint32_t pairs;
     __shared__ bool failed;
     if (threadIdx.x == 0) pairs = 0, failed = false;
     bool const given = v.call[1] != 0;
-    if (!given) {
-      uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden);
-      for (std::uint32_t i = threadIdx.x; i < n * v.hidden / 8; i += blockDim.x)
-        reinterpret_cast<uint4*>(xs)[i] = src[i];
-      __syncthreads();
-      for (std::uint32_t e = warp; e < v.experts; e += warps) {
-        float acc[kMaxTokenBlock];
-#pragma unroll
-        for (std::uint32_t t = 0; t < kMaxTokenBlock; ++t) acc[t] = 0.0f;
-        bf16 const* wr = v.router_w + std::size_t{e} * v.hidden;
-        for (std::uint32_t c = lane * 8; c < v.hidden; c += 256) {
-          uint4 const wv = *reinterpret_cast<uint4 const*>(wr + c);
-          __nv_bfloat162 const* ws = reinterpret_cast<__nv_bfloat162 const*>(&wv);
-          float2 w[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) w[i] = __bfloat1622float2(ws[i]);
-#pragma unroll
-          for (std::uint32_t t = 0; t < kMaxTokenBlock; ++t) {
-            if (t < n) {  // a predicate, not a break: acc stays in registers
-              uint4 const xv =
-                  *reinterpret_cast<uint4 const*>(xs + std::size_t{t} * v.hidden + c);
-              __nv_bfloat162 const* xh = reinterpret_cast<__nv_bfloat162 const*>(&xv);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                float2 const a = __bfloat1622float2(xh[i]);
-                acc[t] += a.x * w[i].x + a.y * w[i].y;
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (std::uint32_t t = 0; t < kMaxTokenBlock; ++t) {
-          if (t < n) {
-            float s = acc[t];
-            for (int offset = 16; offset > 0; offset /= 2)
-              s += __shfl_xor_sync(0xFFFFFFFFu, s, offset);
-            if (lane == 0) logits[t * v.experts + e] = s;
-          }
-        }
-      }
-    }
+    if (!given) router_logits(v, t0, n, logits, xs);
     __syncthreads();
-    for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x) {
+    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (std::uint32_t t = warp; t < n; t += blockDim.x / 32) {
       std::uint32_t const token = t0 + t;
       std::int32_t* ids = v.topk_ids + std::size_t{token} * v.top_k;
-      if (!given) {
-        float* row = logits + t * v.experts;
-        score_logits(row, v.experts, v.score);
-        select_top_k(row, v.experts, v.top_k, v.renormalize, ids,
-                     v.topk_weights + std::size_t{token} * v.top_k);
-      } else {
+      float* weights = v.topk_weights + std::size_t{token} * v.top_k;
+      if (!given) select_warp(v, logits + t * v.experts, ids, weights);
+      __syncwarp();
+      if (lane != 0) continue;
+      if (given) {
         std::int32_t offender = 0;
         if (std::uint32_t const bad = check_given_routing(v, token, offender)) {
           ctx.fail(bad, token, static_cast<std::uint64_t>(offender));
@@ -185,7 +336,7 @@ struct RouteTokens {
 struct PlanExperts {
   static constexpr char const* name = "moe_plan";
   static constexpr unsigned threads = 64;
-  static constexpr unsigned shared_bytes = 0;
+  static constexpr unsigned shared_bytes = kMaxExperts * sizeof(std::uint32_t);  // device: counts
   struct Payload {
     MoEView const* view;
   };
@@ -211,8 +362,39 @@ struct PlanExperts {
 
   static void host(Payload const& p, TaskContext& ctx) { plan(*p.view, ctx); }
 #if defined(__CUDACC__)
+  // The same plan, with the counts read by the whole block at once and the offsets summed in
+  // shared memory (one thread, no memory round trip per expert).
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    if (threadIdx.x == 0) plan(*p.view, ctx);
+    MoEView const& v = *p.view;
+    auto* const count = static_cast<std::uint32_t*>(ctx.shared_memory());  // [experts]
+    __shared__ std::uint32_t tiles;
+    for (std::uint32_t e = threadIdx.x; e < v.experts; e += blockDim.x)
+      count[e] = load_relaxed(v.counts[e]);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      std::uint32_t rows = 0, t = 0;
+      for (std::uint32_t e = 0; e < v.experts; ++e) {
+        v.offsets[e] = rows;
+        v.tile_base[e] = t;
+        rows += count[e];
+        t += (count[e] + v.tile_rows - 1) / v.tile_rows;
+      }
+      v.offsets[v.experts] = rows;
+      v.tile_base[v.experts] = t;
+      tiles = t;
+    }
+    for (std::uint32_t e = threadIdx.x; e < v.experts; e += blockDim.x) {
+      v.expert_tokens[e] = count[e];
+      v.counts[e] = 0;
+      v.fill[e] = 0;
+    }
+    __threadfence();  // before thread 0's arrival releases the gathers that claim from fill
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      std::uint32_t const active_blocks = (v.call[0] + v.token_block - 1) / v.token_block;
+      ctx.retire((v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles) +
+                 (v.max_blocks - active_blocks));
+    }
   }
 #endif
 };

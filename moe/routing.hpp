@@ -24,15 +24,19 @@ LOOM_HD inline void score_logits(float* logits, std::uint32_t experts, RouterSco
 }
 
 // Picks the k largest scores (lower id first among equals; NaN scores rank last), writing ids and
-// weights in descending order of score; renormalises the weights to sum to 1 when asked.
+// weights in descending order of score; renormalises the weights to sum to 1 when asked. The
+// picks are kept in registers until the end: ids and weights may live in global memory, and
+// re-reading them for every candidate would cost a memory round trip each on the GPU.
 LOOM_HD inline void select_top_k(float const* scores, std::uint32_t experts, std::uint32_t k,
                                  bool renormalize, std::int32_t* ids, float* weights) {
+  std::int32_t picked[kMaxTopK];
+  float picked_score[kMaxTopK];
   for (std::uint32_t j = 0; j < k; ++j) {
     std::int32_t best = -1;
     float best_score = 0.0f;
     for (std::uint32_t e = 0; e < experts; ++e) {
       bool taken = false;
-      for (std::uint32_t i = 0; i < j; ++i) taken |= ids[i] == static_cast<std::int32_t>(e);
+      for (std::uint32_t i = 0; i < j; ++i) taken |= picked[i] == static_cast<std::int32_t>(e);
       if (taken) continue;
       float const s = scores[e];
       bool const better = best < 0 || (s > best_score) || (best_score != best_score && s == s);
@@ -41,13 +45,15 @@ LOOM_HD inline void select_top_k(float const* scores, std::uint32_t experts, std
         best_score = s;
       }
     }
-    ids[j] = best;
-    weights[j] = best_score;
+    picked[j] = best;
+    picked_score[j] = best_score;
   }
-  if (renormalize) {
-    float sum = 0.0f;
-    for (std::uint32_t j = 0; j < k; ++j) sum += weights[j];
-    for (std::uint32_t j = 0; j < k; ++j) weights[j] /= sum;
+  float sum = 0.0f;
+  if (renormalize)
+    for (std::uint32_t j = 0; j < k; ++j) sum += picked_score[j];
+  for (std::uint32_t j = 0; j < k; ++j) {
+    ids[j] = picked[j];
+    weights[j] = renormalize ? picked_score[j] / sum : picked_score[j];
   }
 }
 

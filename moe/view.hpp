@@ -26,17 +26,27 @@ namespace loom::moe {
 
 using bf16 = __nv_bfloat16;
 
-// Tokens per route / gather / combine task: at most kMaxTokenBlock, fewer for small batches so
-// that those tasks still spread over the GPU, and few enough that a block's token rows and logits
-// fit the route task's shared memory (kRouteSharedBytes).
-inline constexpr std::uint32_t kMaxTokenBlock = 32;
+// The route task's shared memory per token: the token's row, padded by kRouteRowPad bytes so that
+// the tensor-core fragment loads of consecutive rows fall in different banks, and its logits,
+// once per K-split of the router (at most kRouteSplitColumns partial columns in all).
+inline constexpr std::uint32_t kRouteRowPad = 64;
+inline constexpr std::uint32_t kRouteSplitColumns = 128;
 inline constexpr std::uint32_t kRouteSharedBytes = 160 * 1024;
+inline std::size_t route_bytes_per_token(std::uint32_t hidden, std::uint32_t experts) {
+  return std::size_t{hidden} * 2 + kRouteRowPad +
+         4 * std::size_t{experts > kRouteSplitColumns ? experts : kRouteSplitColumns};
+}
+
+// Tokens per route / gather / combine task: at most kMaxTokenBlock, fewer for small batches so
+// that those tasks still spread over the GPU, and few enough that a block's staging fits the
+// route task's shared memory (kRouteSharedBytes, less 16 bytes of alignment).
+inline constexpr std::uint32_t kMaxTokenBlock = 32;
 inline std::uint32_t token_block_for(std::uint32_t max_tokens, std::uint32_t hidden,
                                      std::uint32_t experts) {
-  std::uint32_t const per_token_bytes = hidden * 2 + experts * 4;
+  std::size_t const per_token_bytes = route_bytes_per_token(hidden, experts);
   std::uint32_t b = 1;
   while (b < kMaxTokenBlock && max_tokens / (2 * b) >= 256 &&
-         2 * b * per_token_bytes <= kRouteSharedBytes)
+         2 * b * per_token_bytes + 16 <= kRouteSharedBytes)
     b *= 2;
   return b;
 }

@@ -148,7 +148,7 @@ TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, EpGpu, ::testing::Values(2u, 4u));
+INSTANTIATE_TEST_SUITE_P(Worlds, EpGpu, ::testing::Values(1u, 2u, 4u));
 
 // One global problem over 1, 2 and 4 GPUs: bitwise the same output.
 TEST(EpGpu, OutputIsBitwiseIdenticalForOneTwoAndFourRanks) {
