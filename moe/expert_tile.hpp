@@ -30,6 +30,7 @@ LOOM_HD inline bool emit_row_of_tiles(TaskContext& ctx, std::uint16_t type, Tile
 // completes an M-tile emits the tile's up-projection row.
 struct GatherTokens {
   static constexpr char const* name = "moe_gather";
+  static constexpr std::uint32_t kCopyLoads = 8;  // device: 16-byte loads in flight per lane
   static constexpr unsigned threads = 128;
   static constexpr unsigned shared_bytes = 0;
   using Payload = BlockPayload;
@@ -78,8 +79,8 @@ struct GatherTokens {
   }
 
 #if defined(__CUDACC__)
-  // Thread i < pairs claims pair i's row; every warp copies rows with 16-byte accesses; then
-  // thread i arrives for pair i.
+  // Thread i < pairs claims pair i's row; every warp copies rows with 16-byte accesses,
+  // kCopyLoads of them in flight per lane; then thread i arrives for pair i.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
@@ -94,12 +95,21 @@ struct GatherTokens {
     }
     __syncthreads();
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    std::uint32_t const row_chunks = v.hidden / 8;
     for (std::uint32_t i = warp; i < pairs; i += blockDim.x / 32) {
       if (row_of[i] == ~0u) continue;
       std::uint32_t const t = t0 + i / v.top_k;
       uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t} * v.hidden);
       uint4* dst = reinterpret_cast<uint4*>(v.pool + std::size_t{row_of[i]} * v.hidden);
-      for (std::uint32_t c = lane; c < v.hidden / 8; c += 32) dst[c] = src[c];
+      for (std::uint32_t c0 = lane; c0 < row_chunks; c0 += 32 * kCopyLoads) {
+        uint4 r[kCopyLoads];
+#pragma unroll
+        for (std::uint32_t u = 0; u < kCopyLoads; ++u)
+          if (c0 + 32 * u < row_chunks) r[u] = src[c0 + 32 * u];
+#pragma unroll
+        for (std::uint32_t u = 0; u < kCopyLoads; ++u)
+          if (c0 + 32 * u < row_chunks) dst[c0 + 32 * u] = r[u];
+      }
       if (lane == 0) v.row_source[row_of[i]] = t * v.top_k + i % v.top_k;
     }
     __syncthreads();
