@@ -26,12 +26,14 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
   link.me = me;
   for (;;) {
     TaskRef ref = kStopRef;
+    std::uint64_t const asked = s.trace ? now_ns() : 0;
     if (!take_next_task(s, link, bell, beat, bell_dog, push_dog, ref) || ref == kStopRef) return;
+    if (!give_prefetch_credit(s, link, push_dog)) return;
     Task const task = s.task(ref);
     std::uint64_t const start = s.trace ? now_ns() : 0;
     ctx.set_task_type(task.header.type);
     if (!Pipeline::run_host(task, ctx) || has_error(*s.error)) return;
-    record_trace(s, task, me, start);
+    record_trace(s, task, me, asked, start);
     if (!finish_task(s, link, task, epoch, who, push_dog, Policy::local_dispatch)) return;
   }
 }

@@ -83,13 +83,21 @@ LOOM_UNROLL
 }
 
 // Appends one task's trace record (when tracing is on; records past the capacity are dropped).
+// `asked_ns` is when the processor started waiting for the task, `start_ns` when it began running.
 LOOM_HD LOOM_INLINE void record_trace(RuntimeState const& s, Task const& task,
-                                      std::uint32_t processor, std::uint64_t start_ns) {
+                                      std::uint32_t processor, std::uint64_t asked_ns,
+                                      std::uint64_t start_ns) {
   if (!s.trace) return;
   std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
+  std::uint64_t const wait = start_ns - asked_ns;
   if (i < s.trace_capacity)
-    s.trace[i] = TraceRecord{start_ns,       now_ns(), processor, task.header.type,
-                             static_cast<std::uint16_t>(s.rank), task.header.id, 0};
+    s.trace[i] = TraceRecord{start_ns,
+                             now_ns(),
+                             processor,
+                             task.header.type,
+                             static_cast<std::uint16_t>(s.rank),
+                             task.header.id,
+                             static_cast<std::uint32_t>(wait < 0xFFFFFFFFu ? wait : 0xFFFFFFFFu)};
 }
 
 // After a task: one beat of the heartbeat (fire-and-forget), then the arrival on its event. Local
@@ -113,6 +121,7 @@ struct ProcessorLink {
   std::uint32_t me = 0;
   std::uint32_t unreported = 0;  // tasks completed since the last report
   bool credit_out = false;       // the scheduler holds this processor's credit
+  bool credit_due = false;       // a prefetch credit is to be given (give_prefetch_credit)
   TaskRef kept = kStopRef;       // a successor kept by local dispatch, run next
   std::uint64_t taken_ns = 0;    // when the running task was taken
   std::uint64_t last_ns = 0;     // how long the previous task took, taken to finished
@@ -121,8 +130,8 @@ struct ProcessorLink {
 // The next task to run in `ref`: the kept successor, else the doorbell's ref, waiting for it
 // (bounded) after handing over the credit or the count the scheduler does not have yet. With
 // prefetch (the previous task ran at least prefetch_after_ns) the credit goes back to the
-// scheduler as soon as a ref is taken. kStopRef: the launch
-// is over. False when a wait or a push ended on an error.
+// scheduler as soon as a ref is taken: give_prefetch_credit, next. kStopRef: the launch is over.
+// False when a wait or a push ended on an error.
 LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& link, Doorbell& bell,
                                         Heartbeat& beat, Watchdog& bell_dog, Watchdog& push_dog,
                                         TaskRef& ref) {
@@ -147,13 +156,21 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
     link.credit_out = false;
   }
   if (s.prefetch_after_ns != kNoPrefetch) link.taken_ns = now_ns();
-  if (ref != kStopRef && !link.credit_out && link.last_ns >= s.prefetch_after_ns) {
-    push_dog.reset();
-    if (!queue_push(s.idle, processor_report(link.me, link.unreported, true), push_dog))
-      return false;
-    link.unreported = 0;
-    link.credit_out = true;
-  }
+  link.credit_due = ref != kStopRef && !link.credit_out && link.last_ns >= s.prefetch_after_ns;
+  return true;
+}
+
+// After take_next_task: hands the prefetch credit to the scheduler if one is due. Separate so
+// that the GPU processor sends it while its other warps load the task's descriptor.
+LOOM_HD LOOM_INLINE bool give_prefetch_credit(RuntimeState const& s, ProcessorLink& link,
+                                              Watchdog& push_dog) {
+  if (!link.credit_due) return true;
+  link.credit_due = false;
+  push_dog.reset();
+  if (!queue_push(s.idle, processor_report(link.me, link.unreported, true), push_dog))
+    return false;
+  link.unreported = 0;
+  link.credit_out = true;
   return true;
 }
 

@@ -63,7 +63,7 @@ struct TraceRecord {
   std::uint16_t type;
   std::uint16_t rank;
   std::uint32_t task_id;
-  std::uint32_t pad_;
+  std::uint32_t wait_ns;  // how long the processor waited for this task (saturates at 4.29 s)
 };
 
 struct RuntimeState {

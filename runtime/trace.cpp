@@ -25,7 +25,7 @@ std::string chrome_trace_json(std::vector<TraceRecord> const& records,
     os << "\n{\"name\":\"" << name << "\",\"cat\":\"task\",\"ph\":\"X\",\"pid\":" << r.rank
        << ",\"tid\":" << r.processor << ",\"ts\":" << (r.start_ns - origin) / 1000.0
        << ",\"dur\":" << (r.end_ns - r.start_ns) / 1000.0 << ",\"args\":{\"task_id\":" << r.task_id
-       << "}}";
+       << ",\"wait_us\":" << r.wait_ns / 1000.0 << "}}";
   }
   os << "\n]}\n";
   return os.str();

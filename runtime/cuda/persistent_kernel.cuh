@@ -13,6 +13,7 @@ namespace loom {
 struct ProcessorShared {
   Task task;
   TaskRef ref;
+  bool failed;  // thread 0's credit push ended on an error
 };
 
 // A block barrier that first reconverges each warp: thread 0's waits and a task body's
@@ -22,8 +23,8 @@ __device__ __forceinline__ void block_barrier() {
   __syncthreads();
 }
 
-// Processor block: thread 0 takes the next task (take_next_task: doorbell, reports, prefetch
-// credit) and completes events; every thread copies the descriptor and runs the body. Three block
+// Processor block: thread 0 takes the next task (take_next_task: doorbell, reports; then the
+// prefetch credit) and completes events; every thread copies the descriptor and runs the body. Three block
 // barriers per task. When thread 0's arrival releases a successor and the scheduler holds no
 // backlog, the block runs that successor next without going through the scheduler (local
 // dispatch).
@@ -43,28 +44,38 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s, Symme
   ProcessorLink link;  // thread 0's
   link.me = me;
   bool alive = true;  // thread 0: false once an error ended this actor
+  std::uint64_t asked = 0;  // thread 0, tracing: when it began waiting for the task
   for (;;) {
     if (threadIdx.x == 0) {
       TaskRef ref = kStopRef;
+      if (s.trace) asked = now_ns();
       if (alive) alive = take_next_task(s, link, bell, beat, bell_dog, push_dog, ref);
       sh.ref = alive ? ref : kStopRef;
     }
     block_barrier();
     TaskRef const ref = sh.ref;
     if (ref == kStopRef) return;
-    // Dynamic descriptors were written by other SMs in this launch: read them from L2.
-    if (threadIdx.x < sizeof(Task) / sizeof(uint4)) {
+    // Dynamic descriptors were written by other SMs in this launch: read them from L2. Warp 1
+    // loads while thread 0 gives the prefetch credit, so the two round trips overlap.
+    static_assert(sizeof(Task) / sizeof(uint4) <= 32);
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + sizeof(Task) / sizeof(uint4)) {
+      unsigned const i = threadIdx.x - 32;
       uint4 const* src = reinterpret_cast<uint4 const*>(&s.task(ref));
-      reinterpret_cast<uint4*>(&sh.task)[threadIdx.x] = __ldcg(src + threadIdx.x);
+      reinterpret_cast<uint4*>(&sh.task)[i] = __ldcg(src + i);
+    }
+    if (threadIdx.x == 0) {
+      alive = give_prefetch_credit(s, link, push_dog);
+      sh.failed = !alive;
     }
     block_barrier();
+    if (sh.failed) return;
     std::uint64_t const start = (s.trace && threadIdx.x == 0) ? now_ns() : 0;
     ctx.set_task_type(sh.task.header.type);
     Pipeline::run_device(sh.task, ctx);  // an unknown type is recorded as an error
     block_barrier();
     if (threadIdx.x == 0) {
       Task const& task = sh.task;
-      record_trace(s, task, me, start);
+      record_trace(s, task, me, asked, start);
       alive = !has_error(*s.error) &&
               finish_task(s, link, task, epoch, who, push_dog, Policy::local_dispatch);
     }

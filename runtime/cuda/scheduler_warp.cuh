@@ -1,7 +1,7 @@
 // The scheduler actor on the GPU: the whole of warp 0 of the OS block runs the loop of
-// runtime/scheduler_loop.hpp over the same state, 32 entries at a time. Each lane peeks one queue
-// slot, a ballot finds the filled prefix, and one fence covers the batch; doorbells are rung 32
-// at a time behind a single release fence; the successors of a fan-out entry are loaded 32 or more
+// runtime/scheduler_loop.hpp over the same state, up to 128 entries at a time. Each lane peeks
+// four queue slots, ballots find the filled prefix, and one fence covers the batch; every
+// doorbell of a pass is rung behind a single release fence; the successors of a fan-out entry are loaded 32 or more
 // at a time. Loop state (queue heads, ready-list ends, counts) is
 // kept identical in every lane, so every branch is warp-uniform.
 #pragma once
@@ -29,22 +29,43 @@ __device__ __forceinline__ void fence_acq_rel() {
   cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
 }
 
-// Pops up to min(32, capacity) filled entries at the consumer position `head` (lane-uniform;
-// advanced). Lane i < n receives entry i. Whole warp.
+// Pops up to min(32 * kLoads, capacity) filled entries at the consumer position `head`
+// (lane-uniform; advanced): every lane checks kLoads slots at once, so one round trip to memory
+// covers the whole window. Entry 32 k + i goes to lane i in items[k]. Whole warp.
+inline constexpr std::uint32_t kPopLoads = 4;
 __device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& head,
-                                                   std::uint32_t& item) {
+                                                   std::uint32_t (&items)[kPopLoads]) {
   unsigned const lane = lane_id();
-  std::uint32_t const window = q.capacity < 32 ? q.capacity : 32;
-  std::uint64_t const pos = head + lane;
-  std::uint64_t const slot = pos % q.capacity;
-  bool const full = lane < window && load_relaxed(q.seq[slot]) == pos + 1;
-  unsigned const empty_lanes = ~__ballot_sync(0xFFFFFFFFu, full);
-  std::uint32_t const n = empty_lanes == 0 ? 32 : __ffs(empty_lanes) - 1;
+  std::uint32_t const window = q.capacity < 32 * kPopLoads ? q.capacity : 32 * kPopLoads;
+  std::uint64_t seq[kPopLoads];
+#pragma unroll
+  for (std::uint32_t k = 0; k < kPopLoads; ++k) {
+    std::uint64_t const pos = head + 32 * k + lane;
+    seq[k] = 32 * k + lane < window ? load_relaxed(q.seq[pos % q.capacity]) : 0;
+  }
+  std::uint32_t n = 0;
+  bool open = true;  // no empty slot seen yet (warp-uniform)
+#pragma unroll
+  for (std::uint32_t k = 0; k < kPopLoads; ++k) {
+    std::uint64_t const pos = head + 32 * k + lane;
+    bool const full = 32 * k + lane < window && seq[k] == pos + 1;
+    unsigned const empty_lanes = ~__ballot_sync(0xFFFFFFFFu, full);
+    if (open) {
+      n += empty_lanes == 0 ? 32 : __ffs(empty_lanes) - 1;
+      open = empty_lanes == 0;
+    }
+  }
   if (n == 0) return 0;
   fence_acquire();  // the producers' item writes happen-before our reads
-  if (lane < n) item = load_relaxed(q.items[slot]);
+#pragma unroll
+  for (std::uint32_t k = 0; k < kPopLoads; ++k)
+    if (32 * k + lane < n) items[k] = load_relaxed(q.items[(head + 32 * k + lane) % q.capacity]);
   fence_acq_rel();  // our reads happen-before the producers' reuse of the slots
-  if (lane < n) store_relaxed(q.seq[slot], pos + q.capacity);
+#pragma unroll
+  for (std::uint32_t k = 0; k < kPopLoads; ++k) {
+    std::uint64_t const pos = head + 32 * k + lane;
+    if (32 * k + lane < n) store_relaxed(q.seq[pos % q.capacity], pos + q.capacity);
+  }
   head += n;
   return n;
 }
@@ -162,19 +183,23 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   bool ok = true;
   for (;;) {
     bool progress = false;
-    std::uint32_t entry = 0;
-    for (std::uint32_t n; (n = warp::pop_batch(s.idle, idle_head, entry)) != 0;) {
-      bool const mine = lane < n;
-      std::uint32_t done = mine ? report_count(entry) : 0;
-      for (int offset = 16; offset > 0; offset /= 2)
-        done += __shfl_xor_sync(0xFFFFFFFFu, done, offset);
-      completed += done;
-      bool const credit = mine && report_credit(entry);
-      unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
-      if (credit)
-        s.idle_list[(idle_tail_pos + __popc(credits & warp::lanes_below())) % s.processors] =
-            report_processor(entry);
-      idle_tail_pos += __popc(credits);
+    std::uint32_t entries[warp::kPopLoads];
+    for (std::uint32_t n; (n = warp::pop_batch(s.idle, idle_head, entries)) != 0;) {
+#pragma unroll
+      for (std::uint32_t k = 0; k < warp::kPopLoads; ++k) {
+        if (32 * k >= n) break;  // warp-uniform
+        bool const mine = 32 * k + lane < n;
+        std::uint32_t done = mine ? report_count(entries[k]) : 0;
+        for (int offset = 16; offset > 0; offset /= 2)
+          done += __shfl_xor_sync(0xFFFFFFFFu, done, offset);
+        completed += done;
+        bool const credit = mine && report_credit(entries[k]);
+        unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
+        if (credit)
+          s.idle_list[(idle_tail_pos + __popc(credits & warp::lanes_below())) % s.processors] =
+              report_processor(entries[k]);
+        idle_tail_pos += __popc(credits);
+      }
       progress = true;
     }
     // FIFO takes ready entries only until the list covers the credits held and a batch more: a
@@ -183,16 +208,23 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     // with levels drains the queue: it must see every ready task to put the highest first.
     for (std::uint32_t n;
          (Policy::levels > 1 || ready.size() < idle_tail_pos - idle_head_pos + 32) &&
-         (n = warp::pop_batch(s.ready, ready_head, entry)) != 0;) {
-      bool const fan = lane < n && is_fanout(entry);
-      ready.push(lane < n && !fan, entry);
-      for (unsigned fans = __ballot_sync(0xFFFFFFFFu, fan); fans != 0; fans &= fans - 1) {
-        std::uint32_t const e = __shfl_sync(0xFFFFFFFFu, entry, __ffs(fans) - 1);
-        release_fanout_warp(s, ready, fanout_event(e), epoch);
+         (n = warp::pop_batch(s.ready, ready_head, entries)) != 0;) {
+#pragma unroll
+      for (std::uint32_t k = 0; k < warp::kPopLoads; ++k) {
+        if (32 * k >= n) break;  // warp-uniform
+        std::uint32_t const entry = entries[k];
+        bool const fan = 32 * k + lane < n && is_fanout(entry);
+        ready.push(32 * k + lane < n && !fan, entry);
+        for (unsigned fans = __ballot_sync(0xFFFFFFFFu, fan); fans != 0; fans &= fans - 1) {
+          std::uint32_t const e = __shfl_sync(0xFFFFFFFFu, entry, __ffs(fans) - 1);
+          release_fanout_warp(s, ready, fanout_event(e), epoch);
+        }
       }
       progress = true;
     }
     __syncwarp();
+    // One release fence for every doorbell rung in this pass.
+    if (idle_tail_pos != idle_head_pos && ready.size() > 0) warp::fence_release();
     while (idle_tail_pos != idle_head_pos && ready.size() > 0) {
       std::uint64_t const idle = idle_tail_pos - idle_head_pos, r = ready.size();
       std::uint64_t const m = idle < r ? idle : r;
@@ -200,10 +232,19 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       TaskRef const ref = ready.take(n);
       std::uint32_t const proc =
           lane < n ? s.idle_list[(idle_head_pos + lane) % s.processors] : 0;
-      warp::fence_release();  // one release for the whole batch of rings
       if (lane < n) store_relaxed(s.doorbells[proc].word, kDoorbellFull | ref);
       idle_head_pos += n;
       progress = true;
+    }
+    if (lane == 0) {
+      std::uint64_t const drained = ready.size() == 0 ? ready_head : kNotDrained;
+      if (drained != drained_at) store_relaxed(c.drained_at.value, drained_at = drained);
+    }
+    // The shared counters decide only when this pass found nothing to do: reading them is a
+    // round trip that a busy pass does not wait for.
+    if (progress) {
+      if (lane == 0) dog.reset();
+      continue;
     }
 
     // Four lanes read the shared counters at once; lane 0 decides and broadcasts the decision.
@@ -216,9 +257,6 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     std::uint64_t const subscribers_in = __shfl_sync(0xFFFFFFFFu, word, 3);
     int decision = 0;  // 0: go on, 1: done, 2: failed
     if (lane == 0) {
-      std::uint64_t const drained = ready.size() == 0 ? ready_head : kNotDrained;
-      if (drained != drained_at) store_relaxed(c.drained_at.value, drained_at = drained);
-      if (beat.moved()) progress = true;
       if (emitted + retired > s.graph.dynamic_bound) {
         raise_error(*s.error, ErrorCode::retire_overshoot, who.actor, who.block, who.rank, 0, 0,
                     s.graph.dynamic_bound, emitted + retired);
@@ -226,7 +264,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       } else if (completed + retired == total && idle_tail_pos - idle_head_pos == s.processors &&
                  subscribers_in == s.subscribers) {
         decision = 1;
-      } else if (progress) {
+      } else if (beat.moved()) {
         dog.reset();
       } else {
         Watchdog::Poll const p = dog.poll();
