@@ -53,7 +53,7 @@ struct RouteDispatch {
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    RouteTokens::host(BlockPayload{&v, p.block}, ctx);
+    RouteTokens::route_host(v, p.block, 1, ctx);
     if (ctx.failed()) return;
     std::uint32_t const tokens = v.call[0];
     std::uint32_t const t0 = p.block * v.token_block;
@@ -97,7 +97,7 @@ struct RouteDispatch {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    RouteTokens::device(BlockPayload{&v, p.block}, ctx);
+    RouteTokens::route_device(v, p.block, 1, ctx);
     __shared__ std::uint32_t mask[kMaxTokenBlock];
     __shared__ std::uint32_t count[kMaxRanks], first[kMaxRanks], chunk[kMaxRanks];
     __shared__ bool stop;

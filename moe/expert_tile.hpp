@@ -30,7 +30,7 @@ LOOM_HD inline bool emit_row_of_tiles(TaskContext& ctx, std::uint16_t type, Tile
 // completes an M-tile emits the tile's up-projection row.
 struct GatherTokens {
   static constexpr char const* name = "moe_gather";
-  static constexpr std::uint32_t kCopyLoads = 8;  // device: 16-byte loads in flight per lane
+  static constexpr std::uint32_t kCopyLoads = 16;  // device: 16-byte loads in flight per thread
   static constexpr unsigned threads = 128;
   static constexpr unsigned shared_bytes = 0;
   using Payload = BlockPayload;
@@ -79,8 +79,8 @@ struct GatherTokens {
   }
 
 #if defined(__CUDACC__)
-  // Thread i < pairs claims pair i's row; every warp copies rows with 16-byte accesses,
-  // kCopyLoads of them in flight per lane; then thread i arrives for pair i.
+  // Thread i < pairs claims pair i's row; the block copies the rows with 16-byte accesses,
+  // kCopyLoads of them in flight per thread; then thread i arrives for pair i.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
@@ -94,23 +94,33 @@ struct GatherTokens {
       row_of[i] = e < 0 ? ~0u : claim(v, e, index_of[i]);
     }
     __syncthreads();
-    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    std::uint32_t const row_chunks = v.hidden / 8;
-    for (std::uint32_t i = warp; i < pairs; i += blockDim.x / 32) {
-      if (row_of[i] == ~0u) continue;
-      std::uint32_t const t = t0 + i / v.top_k;
-      uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t} * v.hidden);
-      uint4* dst = reinterpret_cast<uint4*>(v.pool + std::size_t{row_of[i]} * v.hidden);
-      for (std::uint32_t c0 = lane; c0 < row_chunks; c0 += 32 * kCopyLoads) {
-        uint4 r[kCopyLoads];
+    // The view's fields in registers: the copies' stores could otherwise alias them.
+    std::uint32_t const hidden = v.hidden, top_k = v.top_k, row_chunks = hidden / 8;
+    bf16 const* const x = v.x;
+    bf16* const pool = v.pool;
+    std::uint32_t* const row_source = v.row_source;
+    for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x)
+      if (row_of[i] != ~0u) row_source[row_of[i]] = (t0 + i / top_k) * top_k + i % top_k;
+    // The block's rows as one flat run of 16-byte chunks, consecutive threads on consecutive
+    // chunks: every thread keeps kCopyLoads loads in flight whatever the row length.
+    std::uint32_t const chunks = pairs * row_chunks;
+    for (std::uint32_t i0 = threadIdx.x; i0 < chunks; i0 += kCopyLoads * blockDim.x) {
+      uint4 r[kCopyLoads];
+      std::uint32_t to[kCopyLoads];
 #pragma unroll
-        for (std::uint32_t u = 0; u < kCopyLoads; ++u)
-          if (c0 + 32 * u < row_chunks) r[u] = src[c0 + 32 * u];
-#pragma unroll
-        for (std::uint32_t u = 0; u < kCopyLoads; ++u)
-          if (c0 + 32 * u < row_chunks) dst[c0 + 32 * u] = r[u];
+      for (std::uint32_t u = 0; u < kCopyLoads; ++u) {
+        std::uint32_t const i = i0 + u * blockDim.x;
+        std::uint32_t const pair = i / row_chunks, chunk = i - pair * row_chunks;
+        to[u] = i < chunks ? row_of[pair] : ~0u;
+        if (to[u] != ~0u)
+          r[u] = reinterpret_cast<uint4 const*>(x + std::size_t{t0 + pair / top_k} * hidden)[chunk];
       }
-      if (lane == 0) v.row_source[row_of[i]] = t * v.top_k + i % v.top_k;
+#pragma unroll
+      for (std::uint32_t u = 0; u < kCopyLoads; ++u) {
+        std::uint32_t const i = i0 + u * blockDim.x;
+        if (to[u] != ~0u)
+          reinterpret_cast<uint4*>(pool + std::size_t{to[u]} * hidden)[i % row_chunks] = r[u];
+      }
     }
     __syncthreads();
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
@@ -150,35 +160,71 @@ struct CombineTokens {
   }
 
 #if defined(__CUDACC__)
-  // The block's routing words go to shared memory once; each thread then combines 4 columns of a
-  // token at a time with 16-byte reads of y.
+  // The block's routing words go to shared memory once. Each thread then combines 4 columns of kLoads / K items (token, column group)
+  // at a time, where K >= top_k is a compile-time slot count: every 16-byte read of y for those
+  // items is issued before the first is used.
+  static constexpr std::uint32_t kLoads = 16;
   __device__ static void device(Payload const& p, TaskContext&) {
+    std::uint32_t const k = p.view->top_k;
+    if (k <= 1) return combine_block<1>(p);
+    if (k <= 2) return combine_block<2>(p);
+    if (k <= 4) return combine_block<4>(p);
+    combine_block<kMaxTopK>(p);
+  }
+
+  template <std::uint32_t K>
+  __device__ static void combine_block(Payload const& p) {
+    static_assert(K <= kLoads);
+    constexpr std::uint32_t kItems = kLoads / K;
     MoEView const& v = *p.view;
-    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const tokens = v.call[0], top_k = v.top_k, hidden = v.hidden;
     std::uint32_t const t0 = p.block * v.token_block;
     std::uint32_t const n =
         t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
-    __shared__ float weight[kMaxTokenBlock * kMaxTopK];  // 0 where the slot has no expert
-    for (std::uint32_t i = threadIdx.x; i < n * v.top_k; i += blockDim.x) {
-      std::size_t const at = std::size_t{t0} * v.top_k + i;
-      weight[i] = v.topk_ids[at] < 0 ? 0.0f : v.topk_weights[at];
+    std::size_t const slot_stride = std::size_t{v.max_tokens} * hidden;
+    float const* const y = v.y + std::size_t{t0} * hidden;
+    bf16* const out = v.out + std::size_t{t0} * hidden;
+    __shared__ float weight[kMaxTokenBlock * kMaxTopK];
+    __shared__ bool used[kMaxTokenBlock * kMaxTopK];
+    for (std::uint32_t i = threadIdx.x; i < n * top_k; i += blockDim.x) {
+      std::size_t const at = std::size_t{t0} * top_k + i;
+      used[i] = v.topk_ids[at] >= 0;
+      weight[i] = used[i] ? v.topk_weights[at] : 0.0f;
     }
     __syncthreads();
-    std::uint32_t const quads = v.hidden / 4;
-    std::size_t const slot_stride = std::size_t{v.max_tokens} * v.hidden;
-    for (std::uint32_t i = threadIdx.x; i < n * quads; i += blockDim.x) {
-      std::uint32_t const t = i / quads, c = (i - t * quads) * 4;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      float const* y = v.y + std::size_t{t0 + t} * v.hidden + c;
-      for (std::uint32_t j = 0; j < v.top_k; ++j) {
-        float const w = weight[t * v.top_k + j];
-        if (w == 0.0f && v.topk_ids[std::size_t{t0 + t} * v.top_k + j] < 0) continue;
-        float4 const yj = *reinterpret_cast<float4 const*>(y + j * slot_stride);
-        acc.x += w * yj.x, acc.y += w * yj.y, acc.z += w * yj.z, acc.w += w * yj.w;
+    std::uint32_t const quads = hidden / 4, items = n * quads;
+    for (std::uint32_t i0 = threadIdx.x; i0 < items; i0 += kItems * blockDim.x) {
+      float4 yv[kItems][K];
+#pragma unroll
+      for (std::uint32_t u = 0; u < kItems; ++u) {
+        std::uint32_t const i = i0 + u * blockDim.x;
+        std::uint32_t const t = i / quads, c = (i - t * quads) * 4;
+#pragma unroll
+        for (std::uint32_t j = 0; j < K; ++j) {
+          yv[u][j] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (i < items && j < top_k && used[t * top_k + j])
+            yv[u][j] = __ldcg(reinterpret_cast<float4 const*>(y + j * slot_stride +
+                                                              std::size_t{t} * hidden + c));
+        }
       }
-      bf16* out = v.out + std::size_t{t0 + t} * v.hidden + c;
-      reinterpret_cast<__nv_bfloat162*>(out)[0] = __floats2bfloat162_rn(acc.x, acc.y);
-      reinterpret_cast<__nv_bfloat162*>(out)[1] = __floats2bfloat162_rn(acc.z, acc.w);
+#pragma unroll
+      for (std::uint32_t u = 0; u < kItems; ++u) {
+        std::uint32_t const i = i0 + u * blockDim.x;
+        if (i >= items) break;
+        std::uint32_t const t = i / quads, c = (i - t * quads) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (std::uint32_t j = 0; j < K; ++j) {
+          if (j >= top_k) break;
+          if (!used[t * top_k + j]) continue;
+          float const w = weight[t * top_k + j];
+          acc.x += w * yv[u][j].x, acc.y += w * yv[u][j].y, acc.z += w * yv[u][j].z,
+              acc.w += w * yv[u][j].w;
+        }
+        auto* const o = reinterpret_cast<__nv_bfloat162*>(out + std::size_t{t} * hidden + c);
+        o[0] = __floats2bfloat162_rn(acc.x, acc.y);
+        o[1] = __floats2bfloat162_rn(acc.z, acc.w);
+      }
     }
   }
 #endif

@@ -19,11 +19,14 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms) {
   v.tile_rows = gemms.up.block_m;
   v.max_tokens = c.max_tokens;
   v.token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
-  if (v.token_block * route_bytes_per_token(c.hidden, c.experts) + 16 > kRouteSharedBytes)
+  v.route_blocks = route_blocks_for(c.max_tokens, v.token_block, c.hidden, c.experts);
+  if (v.token_block * v.route_blocks * route_bytes_per_token(c.hidden, c.experts) + 16 >
+      kRouteSharedBytes)
     throw Error("loom: MoEConfig: hidden=" + std::to_string(c.hidden) + " with experts=" +
                 std::to_string(c.experts) + " needs more than " +
                 std::to_string(kRouteSharedBytes) + " bytes of router staging per token");
   v.max_blocks = (c.max_tokens + v.token_block - 1) / v.token_block;
+  v.max_routes = (v.max_blocks + v.route_blocks - 1) / v.route_blocks;
   v.max_mtiles = max_mtiles(c.max_tokens, c.top_k, c.experts, v.tile_rows);
   v.activation = c.activation;
   v.score = c.router;
@@ -40,10 +43,10 @@ std::uint32_t dynamic_bound(MoEView const& v) {
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
-  EventId const routed = b.add_event(shape.max_blocks);
+  EventId const routed = b.add_event(shape.max_routes);
   EventId const planned = b.add_event(1);
-  for (std::uint32_t block = 0; block < shape.max_blocks; ++block)
-    b.add_task(MoEPipeline::make<RouteTokens>(BlockPayload{view, block}, routed, block));
+  for (std::uint32_t route = 0; route < shape.max_routes; ++route)
+    b.add_task(MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route));
   b.add_task(MoEPipeline::make<PlanExperts>(PlanExperts::Payload{view}, planned), {routed});
   for (std::uint32_t block = 0; block < shape.max_blocks; ++block)
     b.add_task(MoEPipeline::make<GatherTokens>(BlockPayload{view, block}, kNoEvent, block),

@@ -1,6 +1,7 @@
-// Route: for each token of a block, the top-k experts and their weights (fused router: x·Wgᵀ,
-// scored; or the caller's routing, checked), then the per-expert pair counts and the block's
-// pair count. A block with no routed pair emits its combine at once (its tokens' outputs are 0).
+// Route: for each token of a few token blocks (route_blocks of them), the top-k experts and their
+// weights (fused router: x·Wgᵀ, scored; or the caller's routing, checked), then the per-expert
+// pair counts and each block's pair count. A block with no routed pair emits its combine at once
+// (its tokens' outputs are 0).
 #pragma once
 
 #include <string>
@@ -48,11 +49,23 @@ struct RouteTokens {
     return t + " has a non-finite weight for expert " + e;
   }
 
+  // Route task p.block covers token blocks [p.block * route_blocks, ...).
   static void host(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
+    route_host(v, p.block * v.route_blocks, v.route_blocks, ctx);
+  }
+
+  // Routes token blocks [first, first + blocks) (those within this call's tokens).
+  static void route_host(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
+                         TaskContext& ctx) {
+    for (std::uint32_t block = first; block < first + blocks && block < v.max_blocks; ++block)
+      if (!route_block_host(v, block, ctx)) return;
+  }
+
+  static bool route_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx) {
     std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * v.token_block;
-    if (t0 >= tokens) return;  // beyond this call's tokens: plan gives the slack back
+    std::uint32_t const t0 = block * v.token_block;
+    if (t0 >= tokens) return true;  // beyond this call's tokens: plan gives the slack back
     std::uint32_t const t1 = t0 + v.token_block < tokens ? t0 + v.token_block : tokens;
     float logits[kMaxExperts];
     std::uint32_t pairs = 0;
@@ -73,7 +86,7 @@ struct RouteTokens {
         std::int32_t offender = 0;
         if (std::uint32_t const bad = check_given_routing(v, t, offender)) {
           ctx.fail(bad, t, static_cast<std::uint64_t>(offender));
-          return;
+          return false;
         }
       }
       for (std::uint32_t j = 0; j < v.top_k; ++j) {
@@ -82,8 +95,9 @@ struct RouteTokens {
         ++pairs;
       }
     }
-    v.block_pairs[p.block] = pairs;
-    if (pairs == 0) emit_combine(v, p.block, ctx);
+    v.block_pairs[block] = pairs;
+    if (pairs == 0) emit_combine(v, block, ctx);
+    return true;
   }
 
   LOOM_HD static void emit_combine(MoEView const& v, std::uint32_t block, TaskContext& ctx) {
@@ -282,23 +296,33 @@ struct RouteTokens {
 
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
-    std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * v.token_block;
+    route_device(v, p.block * v.route_blocks, v.route_blocks, ctx);
+  }
+
+  // Routes token blocks [first, first + blocks), at most kMaxTokenBlock tokens (those within
+  // this call's tokens). Whole block.
+  __device__ static void route_device(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
+                                      TaskContext& ctx) {
+    std::uint32_t const tokens = v.call[0], token_block = v.token_block;
+    std::uint32_t const t0 = first * token_block;
     if (t0 >= tokens) return;
-    std::uint32_t const n = tokens - t0 < v.token_block ? tokens - t0 : v.token_block;
+    std::uint32_t const span = blocks * token_block;
+    std::uint32_t const n = tokens - t0 < span ? tokens - t0 : span;
     auto* const smem = static_cast<unsigned char*>(ctx.shared_memory());
     // [split][n][experts] partial logits (split 0: the logits), then the staged token rows.
     float* const logits = reinterpret_cast<float*>(smem);
     std::size_t const logit_bytes =
         std::size_t{split_of(v.experts, blockDim.x / 32)} * n * v.experts * sizeof(float);
     unsigned char* const xs = smem + (logit_bytes + 15) / 16 * 16;
-    __shared__ std::uint32_t pairs;
+    __shared__ std::uint32_t pairs[kMaxTokenBlock];  // per token block
     __shared__ bool failed;
-    if (threadIdx.x == 0) pairs = 0, failed = false;
+    for (std::uint32_t b = threadIdx.x; b < blocks; b += blockDim.x) pairs[b] = 0;
+    if (threadIdx.x == 0) failed = false;
     bool const given = v.call[1] != 0;
     if (!given) router_logits(v, t0, n, logits, xs);
     __syncthreads();
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    std::uint32_t* const counts = v.counts;
     for (std::uint32_t t = warp; t < n; t += blockDim.x / 32) {
       std::uint32_t const token = t0 + t;
       std::int32_t* ids = v.topk_ids + std::size_t{token} * v.top_k;
@@ -317,15 +341,18 @@ struct RouteTokens {
       std::uint32_t routed = 0;
       for (std::uint32_t j = 0; j < v.top_k; ++j) {
         if (ids[j] < 0) continue;
-        atomicAdd(&v.counts[ids[j]], 1u);
+        atomicAdd(&counts[ids[j]], 1u);
         ++routed;
       }
-      atomicAdd(&pairs, routed);
+      atomicAdd(&pairs[t / token_block], routed);
     }
     __syncthreads();
-    if (threadIdx.x == 0 && !failed) {
-      v.block_pairs[p.block] = pairs;
-      if (pairs == 0) emit_combine(v, p.block, ctx);
+    if (failed) return;
+    for (std::uint32_t b = threadIdx.x; b < blocks; b += blockDim.x) {
+      std::uint32_t const block = first + b;
+      if (block * token_block >= tokens) break;
+      v.block_pairs[block] = pairs[b];
+      if (pairs[b] == 0) emit_combine(v, block, ctx);
     }
   }
 #endif
@@ -372,21 +399,29 @@ struct PlanExperts {
       count[e] = load_relaxed(v.counts[e]);
     __syncthreads();
     if (threadIdx.x == 0) {
+      // The view's fields in registers: the stores below could otherwise alias them, and each
+      // expert would wait for a reload.
+      std::uint32_t* const offsets = v.offsets;
+      std::uint32_t* const tile_base = v.tile_base;
+      std::uint32_t const experts = v.experts, tile_rows = v.tile_rows;
       std::uint32_t rows = 0, t = 0;
-      for (std::uint32_t e = 0; e < v.experts; ++e) {
-        v.offsets[e] = rows;
-        v.tile_base[e] = t;
+      for (std::uint32_t e = 0; e < experts; ++e) {
+        offsets[e] = rows;
+        tile_base[e] = t;
         rows += count[e];
-        t += (count[e] + v.tile_rows - 1) / v.tile_rows;
+        t += (count[e] + tile_rows - 1) / tile_rows;
       }
-      v.offsets[v.experts] = rows;
-      v.tile_base[v.experts] = t;
+      offsets[experts] = rows;
+      tile_base[experts] = t;
       tiles = t;
     }
+    std::uint32_t* const expert_tokens = v.expert_tokens;
+    std::uint32_t* const counts = v.counts;
+    std::uint32_t* const fill = v.fill;
     for (std::uint32_t e = threadIdx.x; e < v.experts; e += blockDim.x) {
-      v.expert_tokens[e] = count[e];
-      v.counts[e] = 0;
-      v.fill[e] = 0;
+      expert_tokens[e] = count[e];
+      counts[e] = 0;
+      fill[e] = 0;
     }
     __threadfence();  // before thread 0's arrival releases the gathers that claim from fill
     __syncthreads();

@@ -51,14 +51,31 @@ inline std::uint32_t token_block_for(std::uint32_t max_tokens, std::uint32_t hid
   return b;
 }
 
+// Token blocks per route task. Each route task streams the whole router from L2 whatever its
+// token count, so small blocks make that read the route phase's cost: a route task takes blocks
+// together up to kMaxTokenBlock tokens (the most its staging and two m16 tiles hold) while there
+// are more than kRouteTasks of them.
+inline constexpr std::uint32_t kRouteTasks = 128;
+inline std::uint32_t route_blocks_for(std::uint32_t max_tokens, std::uint32_t token_block,
+                                      std::uint32_t hidden, std::uint32_t experts) {
+  std::size_t const per_token_bytes = route_bytes_per_token(hidden, experts);
+  std::uint32_t tokens = token_block;
+  while (2 * tokens <= kMaxTokenBlock && max_tokens / tokens > kRouteTasks &&
+         2 * tokens * per_token_bytes + 16 <= kRouteSharedBytes)
+    tokens *= 2;
+  return tokens / token_block;
+}
+
 struct MoEView {
   // Shape (fixed at construction).
   std::uint32_t hidden, ffn, experts, top_k;
   std::uint32_t up_cols;               // columns of W1 as packed (2*ffn for SwiGLU)
   std::uint32_t up_tiles, down_tiles;  // N-tiles of the two GEMMs
   std::uint32_t tile_rows;             // rows per expert M-tile: both GEMMs' block_m
-  std::uint32_t token_block;           // tokens per route / gather / combine task
+  std::uint32_t token_block;           // tokens per gather / combine task (a token block)
+  std::uint32_t route_blocks;          // token blocks per route task
   std::uint32_t max_tokens, max_blocks, max_mtiles;
+  std::uint32_t max_routes;            // route tasks: max_blocks / route_blocks, rounded up
   Activation activation;
   RouterScore score;
   bool renormalize;

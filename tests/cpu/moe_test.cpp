@@ -9,6 +9,7 @@
 
 #include "moe/cpu_layer.hpp"
 #include "moe/reference.hpp"
+#include "moe/view.hpp"
 
 namespace {
 
@@ -71,6 +72,41 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Activation::gelu, RouterScore::sigmoid, 4, 1, 37},
                       Case{Activation::relu, RouterScore::softmax, 6, 6, 64},  // top-k = experts
                       Case{Activation::swiglu, RouterScore::sigmoid, 16, 4, 1}));
+
+// A route task covers several token blocks once there are more than kRouteTasks blocks; the
+// call's tokens end inside a route task's span, and a block with only -1 routing (no pair) sits
+// among routed ones.
+TEST(CpuMoE, RouteTasksSpanningSeveralBlocksMatchReference) {
+  MoEConfig c = small_config(Activation::swiglu, 8, 2);
+  c.max_tokens = 600;
+  std::uint32_t const token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
+  ASSERT_GT(route_blocks_for(c.max_tokens, token_block, c.hidden, c.experts), 1u);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  std::uint32_t const tokens = 301;
+  auto const x = random_tokens(c, tokens, seed);
+  CpuMoELayer layer(c, w);
+  auto out = poisoned(std::size_t{tokens} * c.hidden);
+  layer.forward(x.data(), tokens, out.data());
+  auto const ids = layer.topk_ids();
+  auto const wts = layer.topk_weights();
+  auto const scores = reference_scores(c, w, x.data(), tokens);
+  EXPECT_EQ(check_routing(c, scores, tokens, ids.data(), wts.data(), 1e-3), "");
+  auto ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+  EXPECT_LT(relative_error(out, ref), 1e-2);
+
+  std::vector<std::int32_t> given(ids.begin(), ids.end());
+  std::vector<float> given_w(wts.begin(), wts.end());
+  for (std::uint32_t t = 40; t < 48; ++t) given[2 * t] = given[2 * t + 1] = -1;
+  out = poisoned(std::size_t{tokens} * c.hidden);
+  layer.forward(x.data(), tokens, given.data(), given_w.data(), out.data());
+  ref = reference_moe(c, w, x.data(), tokens, given.data(), given_w.data());
+  EXPECT_LT(relative_error(out, ref), 1e-2);
+  for (std::uint32_t t = 40; t < 48; ++t)
+    for (std::uint32_t col = 0; col < c.hidden; ++col)
+      ASSERT_EQ(__bfloat162float(out[std::size_t{t} * c.hidden + col]), 0.0f);
+}
 
 // Caller routing: all tokens to one expert, empty experts, -1 entries.
 TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
