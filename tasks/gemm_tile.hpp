@@ -280,7 +280,13 @@ struct GemmTileTask {
         float unused[WN / 2];
         impl::mma_sync_mainloop<WN, false>(unused, op, job, sm.stages, wt, false);
       }
-      if constexpr (kReconfigure) ptx::setmaxnreg_inc<kEntryRegs>();
+      // Not before the consumers have given the borrowed registers back: asked for earlier, the
+      // pool could hand them to this warpgroup again (its three idle warps get here at once) and
+      // leave consumer warps waiting for ever, the others stuck in a warpgroup-wide wgmma.
+      if constexpr (kReconfigure) {
+        ptx::named_barrier_sync(impl::kRegisterBarrier, kThreads);
+        ptx::setmaxnreg_inc<kEntryRegs>();
+      }
     } else {  // consumer warpgroups
       if constexpr (kReconfigure) ptx::setmaxnreg_inc<kConsumerRegs>();
       float acc[WN / 2];
@@ -289,7 +295,10 @@ struct GemmTileTask {
       else
         impl::mma_sync_mainloop<WN, true>(acc, op, job, sm.stages, wt, active);
       finish<WN>(acc, op, job, sm.stages, wt, flag, ctx);
-      if constexpr (kReconfigure) ptx::setmaxnreg_dec<kEntryRegs>();
+      if constexpr (kReconfigure) {
+        ptx::setmaxnreg_dec<kEntryRegs>();
+        ptx::named_barrier_arrive(impl::kRegisterBarrier, kThreads);
+      }
     }
     __syncthreads();
     if (wgmma && thread == 0) {

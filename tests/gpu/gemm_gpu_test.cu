@@ -297,6 +297,21 @@ TEST(GpuGemmRows, EveryValidRowCountOfATile) {
   }
 }
 
+// The 128x256 tile's consumers borrow the producer warpgroup's registers (setmaxnreg). With one
+// K block the producer is done at once and its idle warps ask for their registers back right
+// away: the return must wait for the consumers, or a warp of them waits for ever (a hang no
+// watchdog can report). Thousands of such tiles over several launches.
+TEST(GpuGemmRegisterSplit, ShortWideTilesGiveBorrowedRegistersBack) {
+  LOOM_REQUIRE_GPU();
+  Case c;
+  c.name = "register_split_128x256_k64";
+  c.block_m = 128, c.block_n = 256;
+  c.experts = 16;
+  c.rows.assign(c.experts, 4 * 128);
+  c.n = 1024, c.k = 64;
+  run_case(c, 20);
+}
+
 // The host heuristic's choices (split-K and narrow tiles for small M) compute the same function.
 TEST(GpuGemmHeuristic, ChosenConfigurationsAreCorrect) {
   LOOM_REQUIRE_GPU();

@@ -23,6 +23,8 @@
 namespace loom::tasks::gemm::impl {
 
 inline constexpr std::uint32_t kEpilogueBarrier = 1;  // named barrier of the consumer threads
+// Named barrier of the whole block: the consumers have given back the registers they borrowed.
+inline constexpr std::uint32_t kRegisterBarrier = 3;
 
 // Bytes between staged rows: block_n fp32 plus 16, so that the 8 rows one fragment store touches
 // spread over the banks. The finished row (block_n or block_n / 2 outputs) fits at its start.

@@ -17,9 +17,18 @@ LOOM_DEVICE LOOM_INLINE void named_barrier_sync(std::uint32_t id, std::uint32_t 
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.arrive on named barrier `id` for `threads` threads: counts this warp in without waiting; the
+// warps that must wait call named_barrier_sync with the same arguments.
+LOOM_DEVICE LOOM_INLINE void named_barrier_arrive(std::uint32_t id, std::uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // setmaxnreg (sm_90a): this warpgroup's registers per thread become kRegs (a multiple of 8 in
 // 24..256); .inc blocks until the block's pool has them, .dec returns them to the pool. Whole
-// warpgroup, converged. ptxas honours it only under a launch-bounds register cap, with each role
+// warpgroup, converged. The pool is first come, first served, per warp: a warpgroup that gives
+// registers back and asks for them again before the borrower has taken them can take them back
+// first and leave the borrower waiting for ever, so the lender must wait (a barrier) for the
+// borrower to return them before it asks again. ptxas honours it only under a launch-bounds register cap, with each role
 // one branch of an if/else; elsewhere (no sm_90a) these are no-ops and the cap stays.
 template <std::uint32_t kRegs>
 LOOM_DEVICE LOOM_INLINE void setmaxnreg_inc() {
