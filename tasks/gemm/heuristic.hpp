@@ -11,7 +11,7 @@
 // HBM floor = (A + B + C bytes) / HBM bandwidth: no tiling beats it, so among configurations under
 // it the lower raw time (more SMs streaming, fewer waves) wins the tie. Small-M problems thus get
 // narrow N tiles and split-K instead of leaving most SMs idle; large ones get 128x256 tiles. The
-// pipeline depth is the most stages of the chosen tile that fit the 192 KB stage area.
+// pipeline depth is the most stages of the chosen tile that fit the 208 KB stage area.
 #pragma once
 
 #include <cmath>
