@@ -19,7 +19,7 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
   // An idle processor is bounded by the launch's heartbeat; the scheduler's watchdog, at half this
   // bound, reports a stalled launch first and with more to say.
   Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
-  Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.idle.id);
+  Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
   Heartbeat beat(&s.counters->beat.value);
   TaskContext ctx(s, epoch, who, heap, nullptr);
   ProcessorLink link;
@@ -27,8 +27,8 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
   for (;;) {
     TaskRef ref = kStopRef;
     std::uint64_t const asked = s.trace ? now_ns() : 0;
-    if (!take_next_task(s, link, bell, beat, bell_dog, push_dog, ref) || ref == kStopRef) return;
-    if (!give_prefetch_credit(s, link, push_dog)) return;
+    if (!take_next_task(s, link, bell, beat, bell_dog, ref) || ref == kStopRef) return;
+    give_prefetch_credit(s, link);
     Task const task = s.task(ref);
     std::uint64_t const start = s.trace ? now_ns() : 0;
     ctx.set_task_type(task.header.type);

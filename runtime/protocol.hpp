@@ -115,11 +115,13 @@ LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, 
 }
 
 // A processor's side of the doorbell protocol (the CPU executor's processor thread, the GPU
-// processor block's thread 0). See processor_report in state.hpp for the credit.
+// processor block's thread 0). See report_word in state.hpp for the credit.
 inline constexpr std::uint32_t kRingPolls = 4;
 struct ProcessorLink {
   std::uint32_t me = 0;
-  std::uint32_t unreported = 0;  // tasks completed since the last report
+  std::uint32_t completed = 0;   // tasks completed in this launch
+  std::uint32_t reported = 0;    // of them, the count in the last report
+  std::uint32_t credits = 0;     // credits handed over in this launch: the ring to expect
   bool credit_out = false;       // the scheduler holds this processor's credit
   bool credit_due = false;       // a prefetch credit is to be given (give_prefetch_credit)
   TaskRef kept = kStopRef;       // a successor kept by local dispatch, run next
@@ -127,14 +129,25 @@ struct ProcessorLink {
   std::uint64_t last_ns = 0;     // how long the previous task took, taken to finished
 };
 
+// One store, whatever it reports; the scheduler finds it on its next pass.
+LOOM_HD LOOM_INLINE void send_report(RuntimeState const& s, ProcessorLink& link) {
+  chaos_point();  // a report late behind the work it counts
+  link.reported = link.completed;
+  store_relaxed(s.reports[link.me], report_word(link.credits, link.completed));
+}
+LOOM_HD LOOM_INLINE void hand_over_credit(RuntimeState const& s, ProcessorLink& link) {
+  ++link.credits;
+  link.credit_out = true;
+  send_report(s, link);
+}
+
 // The next task to run in `ref`: the kept successor, else the doorbell's ref, waiting for it
 // (bounded) after handing over the credit or the count the scheduler does not have yet. With
 // prefetch (the previous task ran at least prefetch_after_ns) the credit goes back to the
 // scheduler as soon as a ref is taken: give_prefetch_credit, next. kStopRef: the launch is over.
-// False when a wait or a push ended on an error.
+// False when the wait ended on an error.
 LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& link, Doorbell& bell,
-                                        Heartbeat& beat, Watchdog& bell_dog, Watchdog& push_dog,
-                                        TaskRef& ref) {
+                                        Heartbeat& beat, Watchdog& bell_dog, TaskRef& ref) {
   ref = link.kept;
   link.kept = kStopRef;
   if (ref == kStopRef) {
@@ -142,18 +155,16 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
     // rides on the next credit report instead of a report of its own.
     bool rung = false;
     for (std::uint32_t i = 0; link.credit_out && !rung && i < kRingPolls; ++i)
-      rung = doorbell_poll(bell, ref);
+      rung = doorbell_poll(bell, link.credits, ref);
     if (!rung) {
-      if (!link.credit_out || link.unreported != 0) {
-        if (!queue_push(s.idle, processor_report(link.me, link.unreported, !link.credit_out),
-                        push_dog))
-          return false;
-        link.unreported = 0;
-        link.credit_out = true;
-      }
-      if (!doorbell_wait(bell, ref, beat, bell_dog)) return false;
+      if (!link.credit_out)
+        hand_over_credit(s, link);
+      else if (link.completed != link.reported)
+        send_report(s, link);
+      if (!doorbell_wait(bell, link.credits, ref, beat, bell_dog)) return false;
     }
     link.credit_out = false;
+    if (ref == kStopRef) doorbell_clear(bell);
   }
   if (s.prefetch_after_ns != kNoPrefetch) link.taken_ns = now_ns();
   link.credit_due = ref != kStopRef && !link.credit_out && link.last_ns >= s.prefetch_after_ns;
@@ -162,16 +173,10 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
 
 // After take_next_task: hands the prefetch credit to the scheduler if one is due. Separate so
 // that the GPU processor sends it while its other warps load the task's descriptor.
-LOOM_HD LOOM_INLINE bool give_prefetch_credit(RuntimeState const& s, ProcessorLink& link,
-                                              Watchdog& push_dog) {
-  if (!link.credit_due) return true;
+LOOM_HD LOOM_INLINE void give_prefetch_credit(RuntimeState const& s, ProcessorLink& link) {
+  if (!link.credit_due) return;
   link.credit_due = false;
-  push_dog.reset();
-  if (!queue_push(s.idle, processor_report(link.me, link.unreported, true), push_dog))
-    return false;
-  link.unreported = 0;
-  link.credit_out = true;
-  return true;
+  hand_over_credit(s, link);
 }
 
 // After running `task`: counts it and completes it, keeping a released successor when the policy
@@ -181,9 +186,8 @@ LOOM_HD LOOM_INLINE bool finish_task(RuntimeState const& s, ProcessorLink& link,
                                      bool local_dispatch) {
   push_dog.reset();
   if (s.prefetch_after_ns != kNoPrefetch) link.last_ns = now_ns() - link.taken_ns;
-  ++link.unreported;
-  bool const may_keep = local_dispatch && link.unreported < kMaxReportCount;
-  if (complete_task(s, task, epoch, who, push_dog, may_keep, link.kept)) return true;
+  ++link.completed;
+  if (complete_task(s, task, epoch, who, push_dog, local_dispatch, link.kept)) return true;
   link.kept = kStopRef;
   return false;
 }

@@ -1,5 +1,5 @@
-// Bounded multi-producer, single-consumer queue of 32-bit entries (ready task refs, idle
-// processor reports). Positions only grow, across launches too: slot `pos % capacity` carries a
+// Bounded multi-producer, single-consumer queue of 32-bit entries (the ready queue's task refs
+// and fan-out entries). Positions only grow, across launches too: slot `pos % capacity` carries a
 // sequence word that says whose turn it is (free for pos: seq == pos; full: seq == pos + 1), so
 // nothing is reset between launches. Initialise seq[i] = i once, at allocation.
 #pragma once

@@ -35,7 +35,11 @@ LOOM_HD LOOM_INLINE void end_launch(RuntimeState const& s, std::uint64_t epoch, 
     store_relaxed(c.subscribers_in.value, std::uint64_t{0});
   }
   store_release(c.stopped.value, epoch);
-  for (std::uint32_t p = 0; p < s.processors; ++p) doorbell_ring(s.doorbells[p], kStopRef);
+  // Every processor is waiting on its doorbell with its last report taken in (the scheduler holds
+  // every credit), so nothing writes a report word after this.
+  if (ok)
+    for (std::uint32_t p = 0; p < s.processors; ++p) store_relaxed(s.reports[p], std::uint64_t{0});
+  for (std::uint32_t p = 0; p < s.processors; ++p) doorbell_stop(s.doorbells[p]);
   if (ok) store_release(c.epoch.value, epoch + 1);
 }
 
@@ -48,13 +52,14 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
   ReadyList<Policy> ready(s);  // the roots are already in it
 
   // Credits held (processors whose doorbell may be rung), oldest first: s.idle_list is a ring of
-  // `processors` entries from idle_head to idle_tail. Oldest first matters with prefetch: a
+  // `processors` entries from idle_head to idle_tail, each the processor and the ring to send. Oldest first matters with prefetch: a
   // processor that has waited idle gets work before one that just started a task.
   std::uint64_t idle_head = 0, idle_tail = 0;
   std::uint64_t completed = 0;  // tasks reported done by processors
   std::uint64_t ready_pos = load_relaxed(*s.ready.head);
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   store_relaxed(c.drained_at.value, drained_at);
+  for (std::uint32_t p = 0; p < s.processors; ++p) s.reports_seen[p] = 0;
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
   Heartbeat beat(&c.beat.value);
   bool ok = true;
@@ -68,13 +73,18 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
         ready.push(entry);
       progress = true;
     }
-    while (queue_try_pop(s.idle, entry)) {
-      completed += report_count(entry);
-      if (report_credit(entry)) s.idle_list[idle_tail++ % s.processors] = report_processor(entry);
+    for (std::uint32_t p = 0; p < s.processors; ++p) {
+      std::uint64_t const word = load_relaxed(s.reports[p]), seen = s.reports_seen[p];
+      if (word == seen) continue;
+      completed += report_completed(word) - report_completed(seen);  // modulo 2^32
+      if (report_credits(word) != report_credits(seen))
+        s.idle_list[idle_tail++ % s.processors] = idle_entry(p, report_credits(word));
+      s.reports_seen[p] = word;
       progress = true;
     }
     while (idle_tail != idle_head && !ready.empty()) {
-      doorbell_ring(s.doorbells[s.idle_list[idle_head++ % s.processors]], ready.pop());
+      std::uint64_t const idle = s.idle_list[idle_head++ % s.processors];
+      doorbell_ring(s.doorbells[idle_processor(idle)], idle_ring(idle), ready.pop());
       progress = true;
     }
     ready_pos = load_relaxed(*s.ready.head);

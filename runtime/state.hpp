@@ -73,10 +73,11 @@ struct RuntimeState {
   Task* dynamic_tasks;            // [dynamic_bound]
   Counters* counters;
   QueueView ready;            // entries: level << 30 | ref
-  QueueView idle;             // entries: processor_report(processor, completed, credit)
-  Doorbell* doorbells;        // [processors]
-  std::uint32_t* ready_list;  // scheduler-private: [kReadyRings][task capacity], roots first
-  std::uint32_t* idle_list;   // scheduler-private storage: [processors]
+  std::uint64_t* reports;       // [processors] report words (report_word), one writer each
+  Doorbell* doorbells;          // [processors]
+  std::uint32_t* ready_list;    // scheduler-private: [kReadyRings][task capacity], roots first
+  std::uint64_t* idle_list;     // scheduler-private: [processors] credits held (idle_entry), a ring
+  std::uint64_t* reports_seen;  // scheduler-private: [processors] the report word last taken in
   ErrorRecord* error;
   TraceRecord* trace;  // null when tracing is off
   std::uint64_t* trace_count;
@@ -98,30 +99,38 @@ struct RuntimeState {
 
 inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
 
-// A processor's report to the scheduler: its id in the low 16 bits, the number of tasks it
-// completed since its last report in the next 15, and in the top bit whether it hands the
-// scheduler its credit: its doorbell is empty and may be rung. A processor has one credit; it
-// takes it back when it takes the ref the scheduler rang. Without prefetch it hands the credit
-// over once its task is done; with prefetch as soon as it takes a task, so the next ring arrives
-// while the task runs. A processor prefetches when its previous task ran at least
+// A processor's report to the scheduler is one word of its own, rewritten whole with a plain
+// store (no queue, no ticket, nothing to wait for): the credits it has handed over in this launch
+// in the high 32 bits, the tasks it has completed in the low 32. The scheduler reads every word in
+// each pass and takes in the difference to the word it saw last: completed tasks, and a new
+// credit when the credit count moved. A processor has one credit: a credit means its doorbell may
+// be rung, and the scheduler answers a processor's n-th credit with its n-th ring (the ring
+// carries n, so the processor needs no store to empty its doorbell). Without prefetch it hands the
+// credit over once its task is done; with prefetch as soon as it takes a task, so the next ring
+// arrives while the task runs. A processor prefetches when its previous task ran at least
 // prefetch_after_ns: long tasks hide the scheduler's round trip, and short ones would only double
-// the reports the scheduler handles. A report without the credit only brings the count up to date.
-inline constexpr std::uint32_t kReportCountShift = 16;
-inline constexpr std::uint32_t kMaxProcessors = 1u << kReportCountShift;
-inline constexpr std::uint32_t kMaxReportCount = (1u << 15) - 1;
-inline constexpr std::uint32_t kReportCredit = 1u << 31;
-LOOM_HD LOOM_INLINE std::uint32_t processor_report(std::uint32_t processor,
-                                                   std::uint32_t completed, bool credit) {
-  return processor | (completed << kReportCountShift) | (credit ? kReportCredit : 0u);
+// the reports the scheduler handles. A report without a new credit only brings the count up to
+// date. The scheduler clears the words when a launch ends well; the host re-initialises them
+// after a failed one.
+inline constexpr std::uint32_t kMaxProcessors = 1u << 16;
+LOOM_HD LOOM_INLINE std::uint64_t report_word(std::uint32_t credits, std::uint32_t completed) {
+  return (std::uint64_t{credits} << 32) | completed;
 }
-LOOM_HD LOOM_INLINE std::uint32_t report_processor(std::uint32_t report) {
-  return report & (kMaxProcessors - 1);
+LOOM_HD LOOM_INLINE std::uint32_t report_credits(std::uint64_t word) {
+  return static_cast<std::uint32_t>(word >> 32);
 }
-LOOM_HD LOOM_INLINE std::uint32_t report_count(std::uint32_t report) {
-  return (report >> kReportCountShift) & kMaxReportCount;
+LOOM_HD LOOM_INLINE std::uint32_t report_completed(std::uint64_t word) {
+  return static_cast<std::uint32_t>(word);
 }
-LOOM_HD LOOM_INLINE bool report_credit(std::uint32_t report) {
-  return (report & kReportCredit) != 0;
+// A credit the scheduler holds: the processor and the ring that answers it.
+LOOM_HD LOOM_INLINE std::uint64_t idle_entry(std::uint32_t processor, std::uint32_t ring) {
+  return (std::uint64_t{ring} << 32) | processor;
+}
+LOOM_HD LOOM_INLINE std::uint32_t idle_processor(std::uint64_t entry) {
+  return static_cast<std::uint32_t>(entry);
+}
+LOOM_HD LOOM_INLINE std::uint32_t idle_ring(std::uint64_t entry) {
+  return static_cast<std::uint32_t>(entry >> 32);
 }
 inline constexpr std::uint32_t kLevelShift = 30;
 

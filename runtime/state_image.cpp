@@ -6,7 +6,6 @@ namespace loom {
 
 namespace {
 inline constexpr std::uint32_t kReadyQueueId = 0;
-inline constexpr std::uint32_t kIdleQueueId = 1;
 }  // namespace
 
 std::size_t StateLayout::take(std::size_t bytes, std::size_t align) {
@@ -41,14 +40,12 @@ StateLayout::StateLayout(Graph const& graph, StateOptions const& options)
   ready_head_ = take(sizeof(std::uint64_t));
   ready_seq_ = take(queue_capacity * sizeof(std::uint64_t));
   ready_items_ = take(queue_capacity * sizeof(std::uint32_t));
-  idle_tail_ = take(sizeof(std::uint64_t));
-  idle_head_ = take(sizeof(std::uint64_t));
-  // At most two reports of each processor are in flight: its credit and a count.
-  idle_seq_ = take(2 * options.processors * sizeof(std::uint64_t));
-  idle_items_ = take(2 * options.processors * sizeof(std::uint32_t));
+  // Report words side by side: the scheduler reads 32 of them per load instruction.
+  reports_ = take(options.processors * sizeof(std::uint64_t), 128);
   doorbells_ = take(options.processors * sizeof(Doorbell));
   ready_list_ = take(std::size_t{kReadyRings} * queue_capacity * sizeof(std::uint32_t));
-  idle_list_ = take(options.processors * sizeof(std::uint32_t));
+  idle_list_ = take(options.processors * sizeof(std::uint64_t));
+  reports_seen_ = take(options.processors * sizeof(std::uint64_t));
   error_ = take(sizeof(ErrorRecord));
   trace_ = take(options.trace_capacity * sizeof(TraceRecord));
   trace_count_ = take(sizeof(std::uint64_t));
@@ -84,15 +81,11 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
                       reinterpret_cast<std::uint32_t*>(at(ready_items_)),
                       queue_capacity,
                       kReadyQueueId};
-  s.idle = QueueView{reinterpret_cast<std::uint64_t*>(at(idle_tail_)),
-                     reinterpret_cast<std::uint64_t*>(at(idle_head_)),
-                     reinterpret_cast<std::uint64_t*>(at(idle_seq_)),
-                     reinterpret_cast<std::uint32_t*>(at(idle_items_)),
-                     2 * options_.processors,
-                     kIdleQueueId};
+  s.reports = reinterpret_cast<std::uint64_t*>(at(reports_));
   s.doorbells = reinterpret_cast<Doorbell*>(at(doorbells_));
   s.ready_list = reinterpret_cast<std::uint32_t*>(at(ready_list_));
-  s.idle_list = reinterpret_cast<std::uint32_t*>(at(idle_list_));
+  s.idle_list = reinterpret_cast<std::uint64_t*>(at(idle_list_));
+  s.reports_seen = reinterpret_cast<std::uint64_t*>(at(reports_seen_));
   s.error = reinterpret_cast<ErrorRecord*>(at(error_));
   s.trace = options_.trace_capacity ? reinterpret_cast<TraceRecord*>(at(trace_)) : nullptr;
   s.trace_count = reinterpret_cast<std::uint64_t*>(at(trace_count_));
@@ -139,7 +132,6 @@ void StateLayout::initialize(void* host_image, std::uint64_t epoch) const {
     s.ready_list[level * s.ready.capacity + fill[level]++] = t;
     s.ready_list[kLevels * s.ready.capacity + fill[kLevels]++] = t;
   }
-  for (std::uint32_t i = 0; i < s.idle.capacity; ++i) s.idle.seq[i] = i;
 }
 
 }  // namespace loom

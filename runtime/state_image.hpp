@@ -19,7 +19,7 @@ struct StateOptions {
   std::uint64_t watchdog_ns = 5'000'000'000ull;
   std::uint32_t trace_capacity = 0;  // 0: tracing off
   // Processors ask for their next task as they start one when the task before ran this long
-  // (0: always; kNoPrefetch: never). See processor_report in state.hpp.
+  // (0: always; kNoPrefetch: never). See report_word in state.hpp.
   std::uint64_t prefetch_after_ns = 2000;
 };
 
@@ -54,8 +54,8 @@ class StateLayout {
   std::size_t tasks_, gate_counts_, roots_, events_, successors_;
   std::size_t event_arrivals_, gate_arrivals_, dynamic_tasks_, counters_;
   std::size_t ready_tail_, ready_head_, ready_seq_, ready_items_;
-  std::size_t idle_tail_, idle_head_, idle_seq_, idle_items_;
-  std::size_t doorbells_, ready_list_, idle_list_, error_, trace_, trace_count_;
+  std::size_t reports_, doorbells_, ready_list_, idle_list_, reports_seen_, error_, trace_,
+      trace_count_;
 };
 
 }  // namespace loom

@@ -13,7 +13,6 @@ namespace loom {
 struct ProcessorShared {
   Task task;
   TaskRef ref;
-  bool failed;  // thread 0's credit push ended on an error
 };
 
 // A block barrier that first reconverges each warp: thread 0's waits and a task body's
@@ -38,7 +37,7 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s, Symme
   std::uint64_t const epoch = load_acquire(s.counters->epoch.value);
   Doorbell& bell = s.doorbells[me];
   Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
-  Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.idle.id);
+  Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
   Heartbeat beat(&s.counters->beat.value);
   TaskContext ctx(s, epoch, who, heap, task_shared);
   ProcessorLink link;  // thread 0's
@@ -49,26 +48,22 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s, Symme
     if (threadIdx.x == 0) {
       TaskRef ref = kStopRef;
       if (s.trace) asked = now_ns();
-      if (alive) alive = take_next_task(s, link, bell, beat, bell_dog, push_dog, ref);
+      if (alive) alive = take_next_task(s, link, bell, beat, bell_dog, ref);
       sh.ref = alive ? ref : kStopRef;
     }
     block_barrier();
     TaskRef const ref = sh.ref;
     if (ref == kStopRef) return;
     // Dynamic descriptors were written by other SMs in this launch: read them from L2. Warp 1
-    // loads while thread 0 gives the prefetch credit, so the two round trips overlap.
+    // loads while thread 0 gives the prefetch credit (one store).
     static_assert(sizeof(Task) / sizeof(uint4) <= 32);
     if (threadIdx.x >= 32 && threadIdx.x < 32 + sizeof(Task) / sizeof(uint4)) {
       unsigned const i = threadIdx.x - 32;
       uint4 const* src = reinterpret_cast<uint4 const*>(&s.task(ref));
       reinterpret_cast<uint4*>(&sh.task)[i] = __ldcg(src + i);
     }
-    if (threadIdx.x == 0) {
-      alive = give_prefetch_credit(s, link, push_dog);
-      sh.failed = !alive;
-    }
+    if (threadIdx.x == 0) give_prefetch_credit(s, link);
     block_barrier();
-    if (sh.failed) return;
     std::uint64_t const start = (s.trace && threadIdx.x == 0) ? now_ns() : 0;
     ctx.set_task_type(sh.task.header.type);
     Pipeline::run_device(sh.task, ctx);  // an unknown type is recorded as an error

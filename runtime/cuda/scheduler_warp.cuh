@@ -1,9 +1,10 @@
 // The scheduler actor on the GPU: the whole of warp 0 of the OS block runs the loop of
-// runtime/scheduler_loop.hpp over the same state, up to 128 entries at a time. Each lane peeks
-// four queue slots, ballots find the filled prefix, and one fence covers the batch; every
-// doorbell of a pass is rung behind a single release fence; the successors of a fan-out entry are loaded 32 or more
-// at a time. Loop state (queue heads, ready-list ends, counts) is
-// kept identical in every lane, so every branch is warp-uniform.
+// runtime/scheduler_loop.hpp over the same state, many words per round trip to memory: the
+// processors' report words 256 at a time, the ready queue 128 slots at a time (each lane peeks
+// four slots, ballots find the filled prefix, one fence covers the batch); every doorbell of a
+// pass is rung behind a single release fence; the successors of a fan-out entry are loaded 128
+// at a time. Loop state (queue head, ready-list ends, counts) is kept identical in every lane, so
+// every branch is warp-uniform.
 #pragma once
 
 #include "runtime/scheduler_loop.hpp"
@@ -68,6 +69,46 @@ __device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& h
   }
   head += n;
   return n;
+}
+
+// Takes in the processors' report words (see report_word), 32 x kScanLoads per round trip to
+// memory: adds the tasks they completed to `completed` and appends their new credits to the idle
+// ring at `idle_tail`, in processor order. True when any word moved. Whole warp; processor p is
+// always lane p % 32's, so each lane reads back only its own reports_seen.
+inline constexpr std::uint32_t kScanLoads = 8;
+__device__ __forceinline__ bool scan_reports(RuntimeState const& s, std::uint64_t& completed,
+                                             std::uint64_t& idle_tail) {
+  unsigned const lane = lane_id();
+  bool moved = false;
+  for (std::uint32_t base = 0; base < s.processors; base += 32 * kScanLoads) {
+    std::uint64_t word[kScanLoads], seen[kScanLoads];
+#pragma unroll
+    for (std::uint32_t k = 0; k < kScanLoads; ++k) {
+      std::uint32_t const p = base + 32 * k + lane;
+      word[k] = p < s.processors ? load_relaxed(s.reports[p]) : 0;
+      seen[k] = p < s.processors ? s.reports_seen[p] : 0;
+    }
+    std::uint32_t done = 0;
+    bool changed = false;
+#pragma unroll
+    for (std::uint32_t k = 0; k < kScanLoads; ++k) {
+      std::uint32_t const p = base + 32 * k + lane;
+      done += report_completed(word[k]) - report_completed(seen[k]);  // modulo 2^32
+      bool const credit = report_credits(word[k]) != report_credits(seen[k]);
+      unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
+      if (credit)
+        s.idle_list[(idle_tail + __popc(credits & lanes_below())) % s.processors] =
+            idle_entry(p, report_credits(word[k]));
+      idle_tail += __popc(credits);
+      if (word[k] != seen[k]) {
+        s.reports_seen[p] = word[k];
+        changed = true;
+      }
+    }
+    completed += __reduce_add_sync(0xFFFFFFFFu, done);
+    moved = __any_sync(0xFFFFFFFFu, changed) || moved;
+  }
+  return moved;
 }
 
 }  // namespace warp
@@ -172,7 +213,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   WarpReadyList<Policy> ready(s);
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
-  std::uint64_t idle_head = load_relaxed(*s.idle.head);
+  for (std::uint32_t p = lane; p < s.processors; p += 32) s.reports_seen[p] = 0;
   // Credits held, oldest first: a ring in s.idle_list (see scheduler_loop.hpp).
   std::uint64_t idle_head_pos = 0, idle_tail_pos = 0;
   std::uint64_t completed = 0;             // tasks reported done
@@ -184,24 +225,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   for (;;) {
     bool progress = false;
     std::uint32_t entries[warp::kPopLoads];
-    for (std::uint32_t n; (n = warp::pop_batch(s.idle, idle_head, entries)) != 0;) {
-#pragma unroll
-      for (std::uint32_t k = 0; k < warp::kPopLoads; ++k) {
-        if (32 * k >= n) break;  // warp-uniform
-        bool const mine = 32 * k + lane < n;
-        std::uint32_t done = mine ? report_count(entries[k]) : 0;
-        for (int offset = 16; offset > 0; offset /= 2)
-          done += __shfl_xor_sync(0xFFFFFFFFu, done, offset);
-        completed += done;
-        bool const credit = mine && report_credit(entries[k]);
-        unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
-        if (credit)
-          s.idle_list[(idle_tail_pos + __popc(credits & warp::lanes_below())) % s.processors] =
-              report_processor(entries[k]);
-        idle_tail_pos += __popc(credits);
-      }
-      progress = true;
-    }
+    if (warp::scan_reports(s, completed, idle_tail_pos)) progress = true;
     // FIFO takes ready entries only until the list covers the credits held and a batch more: a
     // backlog of a thousand emitted tiles is moved over while the processors already run the
     // first ones, not before (draining it first left every processor idle for ~40 µs). A policy
@@ -230,9 +254,11 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       std::uint64_t const m = idle < r ? idle : r;
       std::uint32_t const n = static_cast<std::uint32_t>(m < 32 ? m : 32);
       TaskRef const ref = ready.take(n);
-      std::uint32_t const proc =
+      std::uint64_t const credit =
           lane < n ? s.idle_list[(idle_head_pos + lane) % s.processors] : 0;
-      if (lane < n) store_relaxed(s.doorbells[proc].word, kDoorbellFull | ref);
+      if (lane < n)
+        store_relaxed(s.doorbells[idle_processor(credit)].word,
+                      doorbell_word(idle_ring(credit), ref));
       idle_head_pos += n;
       progress = true;
     }
@@ -287,7 +313,6 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   if (lane == 0) {
     if (ok && has_error(*s.error)) ok = false;
     store_relaxed(*s.ready.head, ready_head);
-    store_relaxed(*s.idle.head, idle_head);
     if (ok) {
       store_relaxed(c.dynamic_emitted.value, std::uint64_t{0});
       store_relaxed(c.retired.value, std::uint64_t{0});
@@ -296,9 +321,12 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     store_release(c.stopped.value, epoch);
   }
   ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
+  // As in end_launch: with every credit held, no processor writes its report word again.
+  if (ok)
+    for (std::uint32_t p = lane; p < s.processors; p += 32) store_relaxed(s.reports[p], std::uint64_t{0});
   warp::fence_release();
   for (std::uint32_t p = lane; p < s.processors; p += 32)
-    store_relaxed(s.doorbells[p].word, kDoorbellFull | kStopRef);
+    store_relaxed(s.doorbells[p].word, doorbell_word(0, kStopRef));
   if (lane == 0 && ok) store_release(c.epoch.value, epoch + 1);
 }
 
