@@ -20,14 +20,12 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
   // bound, reports a stalled launch first and with more to say.
   Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
   Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
-  Heartbeat beat(&s.counters->beat.value);
   TaskContext ctx(s, epoch, who, heap, nullptr);
-  ProcessorLink link;
-  link.me = me;
+  ProcessorLink link = ProcessorLink::start(me);
   for (;;) {
     TaskRef ref = kStopRef;
     std::uint64_t const asked = s.trace ? now_ns() : 0;
-    if (!take_next_task(s, link, bell, beat, bell_dog, ref) || ref == kStopRef) return;
+    if (!take_next_task(s, link, bell, bell_dog, ref) || ref == kStopRef) return;
     give_prefetch_credit(s, link);
     Task const task = s.task(ref);
     std::uint64_t const start = s.trace ? now_ns() : 0;

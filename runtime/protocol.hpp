@@ -117,16 +117,25 @@ LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, 
 // A processor's side of the doorbell protocol (the CPU executor's processor thread, the GPU
 // processor block's thread 0). See report_word in state.hpp for the credit.
 inline constexpr std::uint32_t kRingPolls = 4;
+// Trivially constructible, so that a GPU processor block can keep it in shared memory.
 struct ProcessorLink {
-  std::uint32_t me = 0;
-  std::uint32_t completed = 0;   // tasks completed in this launch
-  std::uint32_t reported = 0;    // of them, the count in the last report
-  std::uint32_t credits = 0;     // credits handed over in this launch: the ring to expect
-  bool credit_out = false;       // the scheduler holds this processor's credit
-  bool credit_due = false;       // a prefetch credit is to be given (give_prefetch_credit)
-  TaskRef kept = kStopRef;       // a successor kept by local dispatch, run next
-  std::uint64_t taken_ns = 0;    // when the running task was taken
-  std::uint64_t last_ns = 0;     // how long the previous task took, taken to finished
+  std::uint32_t me;
+  std::uint32_t completed;  // tasks completed in this launch
+  std::uint32_t reported;   // of them, the count in the last report
+  std::uint32_t credits;    // credits handed over in this launch: the ring to expect
+  bool credit_out;          // the scheduler holds this processor's credit
+  bool credit_due;          // a prefetch credit is to be given (give_prefetch_credit)
+  TaskRef kept;             // a successor kept by local dispatch, run next
+  std::uint64_t taken_ns;   // when the running task was taken
+  std::uint64_t last_ns;    // how long the previous task took, taken to finished
+
+  // Processor `me` at the start of a launch.
+  LOOM_HD static ProcessorLink start(std::uint32_t me) {
+    ProcessorLink link{};
+    link.me = me;
+    link.kept = kStopRef;
+    return link;
+  }
 };
 
 // One store, whatever it reports; the scheduler finds it on its next pass.
@@ -147,7 +156,7 @@ LOOM_HD LOOM_INLINE void hand_over_credit(RuntimeState const& s, ProcessorLink& 
 // scheduler as soon as a ref is taken: give_prefetch_credit, next. kStopRef: the launch is over.
 // False when the wait ended on an error.
 LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& link, Doorbell& bell,
-                                        Heartbeat& beat, Watchdog& bell_dog, TaskRef& ref) {
+                                        Watchdog& bell_dog, TaskRef& ref) {
   ref = link.kept;
   link.kept = kStopRef;
   if (ref == kStopRef) {
@@ -161,6 +170,7 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
         hand_over_credit(s, link);
       else if (link.completed != link.reported)
         send_report(s, link);
+      Heartbeat beat(&s.counters->beat.value);
       if (!doorbell_wait(bell, link.credits, ref, beat, bell_dog)) return false;
     }
     link.credit_out = false;

@@ -9,10 +9,16 @@
 
 namespace loom {
 
-// Shared memory of a processor block besides the task type's own.
+// Shared memory of a processor block besides the task type's own. Thread 0's protocol state lives
+// here, not in registers: a task body gets every register the launch bounds allow, none held for
+// the runtime across it.
 struct ProcessorShared {
   Task task;
   TaskRef ref;
+  ProcessorLink link;     // thread 0's
+  std::uint64_t asked;    // thread 0, tracing: when it began waiting for the task
+  std::uint64_t started;  // thread 0, tracing: when the task began
+  bool alive;             // thread 0: false once an error ended this actor
 };
 
 // A block barrier that first reconverges each warp: thread 0's waits and a task body's
@@ -26,7 +32,8 @@ __device__ __forceinline__ void block_barrier() {
 // prefetch credit) and completes events; every thread copies the descriptor and runs the body. Three block
 // barriers per task. When thread 0's arrival releases a successor and the scheduler holds no
 // backlog, the block runs that successor next without going through the scheduler (local
-// dispatch).
+// dispatch). Thread 0 builds its watchdogs where it waits, so that they hold no registers during
+// a body.
 // Inlined into the kernel: ptxas serializes a wgmma pipeline that sits in a called function.
 template <class Pipeline, class Policy>
 __device__ __forceinline__ void run_processor_block(RuntimeState const& s, SymmetricView const& heap,
@@ -35,21 +42,20 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s, Symme
   std::uint32_t const me = blockIdx.x;
   WaiterId const who{Actor::processor, me, s.rank};
   std::uint64_t const epoch = load_acquire(s.counters->epoch.value);
-  Doorbell& bell = s.doorbells[me];
-  Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
-  Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
-  Heartbeat beat(&s.counters->beat.value);
   TaskContext ctx(s, epoch, who, heap, task_shared);
-  ProcessorLink link;  // thread 0's
-  link.me = me;
-  bool alive = true;  // thread 0: false once an error ended this actor
-  std::uint64_t asked = 0;  // thread 0, tracing: when it began waiting for the task
+  if (threadIdx.x == 0) {
+    sh.link = ProcessorLink::start(me);
+    sh.alive = true;
+  }
   for (;;) {
     if (threadIdx.x == 0) {
       TaskRef ref = kStopRef;
-      if (s.trace) asked = now_ns();
-      if (alive) alive = take_next_task(s, link, bell, beat, bell_dog, ref);
-      sh.ref = alive ? ref : kStopRef;
+      if (s.trace) sh.asked = now_ns();
+      if (sh.alive) {
+        Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
+        sh.alive = take_next_task(s, sh.link, s.doorbells[me], bell_dog, ref);
+      }
+      sh.ref = sh.alive ? ref : kStopRef;
     }
     block_barrier();
     TaskRef const ref = sh.ref;
@@ -62,17 +68,18 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s, Symme
       uint4 const* src = reinterpret_cast<uint4 const*>(&s.task(ref));
       reinterpret_cast<uint4*>(&sh.task)[i] = __ldcg(src + i);
     }
-    if (threadIdx.x == 0) give_prefetch_credit(s, link);
+    if (threadIdx.x == 0) give_prefetch_credit(s, sh.link);
     block_barrier();
-    std::uint64_t const start = (s.trace && threadIdx.x == 0) ? now_ns() : 0;
+    if (s.trace && threadIdx.x == 0) sh.started = now_ns();
     ctx.set_task_type(sh.task.header.type);
     Pipeline::run_device(sh.task, ctx);  // an unknown type is recorded as an error
     block_barrier();
     if (threadIdx.x == 0) {
       Task const& task = sh.task;
-      record_trace(s, task, me, asked, start);
-      alive = !has_error(*s.error) &&
-              finish_task(s, link, task, epoch, who, push_dog, Policy::local_dispatch);
+      record_trace(s, task, me, sh.asked, sh.started);
+      Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
+      sh.alive = !has_error(*s.error) &&
+                 finish_task(s, sh.link, task, epoch, who, push_dog, Policy::local_dispatch);
     }
   }
 }
