@@ -32,8 +32,9 @@ LOOM_HD inline std::uint32_t check_given_routing(MoEView const& v, std::uint32_t
 
 struct RouteTokens {
   static constexpr char const* name = "moe_route";
-  // Device: 16-byte router loads each lane keeps in flight before it multiplies.
-  static constexpr std::uint32_t kRouterLoads = 16;
+  // Device: 16-byte router loads each lane keeps in flight before it multiplies (16 made ptxas
+  // keep them in local memory, which doubled the route task).
+  static constexpr std::uint32_t kRouterLoads = 8;
   // Device: 16-byte token-row loads each thread keeps in flight while staging the block's rows.
   static constexpr std::uint32_t kStageLoads = 8;
   static constexpr unsigned threads = 128;
