@@ -2,9 +2,9 @@
 // config, and their operand descriptions over the layer's buffers.
 //
 // Both GEMMs share one M-tile height (the gather forms M-tiles before either runs): 64 rows when
-// an expert gets few rows on average (decode, many experts), else 128. N-tiles are 256 wide with
-// 64-row M-tiles (each weight tile streamed once serves a short M-tile: wider is fewer, longer
-// tasks) and 128 wide with 128-row M-tiles. The choice is made from max_tokens, once per layer.
+// an expert gets few rows on average (decode, many experts), else 128. N-tiles are 256 wide for
+// both heights (wider is fewer, longer tasks; the 128x256 tile borrows registers with
+// setmaxnreg). The choice is made from max_tokens, once per layer.
 #pragma once
 
 #include "moe/view.hpp"
