@@ -285,14 +285,21 @@ struct RouteTokens {
     }
   }
 
-  // K-splits of the router for `warps` warps: enough to give every warp a tile, within
-  // kRouteSplitColumns partial columns.
+  // K-splits of the router for `warps` warps, within kRouteSplitColumns partial columns: the
+  // split that gives the busiest warp the least of the router to stream. A warp takes
+  // ceil(tiles x k / warps) items of 1/k of K each, so 8 tiles on 12 warps split K in 3 (each warp
+  // streams 2/3 of a tile's share), where 1 or 2 leave the busiest warp a whole share.
   LOOM_HD static std::uint32_t split_of(std::uint32_t experts, std::uint32_t warps) {
     std::uint32_t const ntiles = (experts + 7) / 8;
-    std::uint32_t const by_warps = warps / ntiles;
     std::uint32_t const by_space = kRouteSplitColumns / (ntiles * 8);
-    std::uint32_t const k = by_warps < by_space ? by_warps : by_space;
-    return k > 1 ? k : 1;
+    std::uint32_t best = 1;
+    for (std::uint32_t k = 2; k <= by_space; ++k) {
+      // items(k) / k < items(best) / best, in integers
+      std::uint32_t const items = (ntiles * k + warps - 1) / warps;
+      std::uint32_t const best_items = (ntiles * best + warps - 1) / warps;
+      if (items * best < best_items * k) best = k;
+    }
+    return best;
   }
 
   __device__ static void device(Payload const& p, TaskContext& ctx) {

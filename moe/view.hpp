@@ -30,7 +30,7 @@ using bf16 = __nv_bfloat16;
 // the tensor-core fragment loads of consecutive rows fall in different banks, and its logits,
 // once per K-split of the router (at most kRouteSplitColumns partial columns in all).
 inline constexpr std::uint32_t kRouteRowPad = 64;
-inline constexpr std::uint32_t kRouteSplitColumns = 128;
+inline constexpr std::uint32_t kRouteSplitColumns = 192;
 inline constexpr std::uint32_t kRouteSharedBytes = 160 * 1024;
 inline std::size_t route_bytes_per_token(std::uint32_t hidden, std::uint32_t experts) {
   return std::size_t{hidden} * 2 + kRouteRowPad +
