@@ -118,7 +118,9 @@ void GpuMoELayer::check(cudaStream_t stream) {
   try {
     executor_->check(stream);
   } catch (Error const&) {
-    lower_counters();  // a failed call may leave its counters raised
+    // A failed call may leave its counters raised; a stuck one still runs, and lowering them
+    // would wait behind it.
+    if (!executor_->stuck()) lower_counters();
     throw;
   }
 }

@@ -45,6 +45,18 @@ ErrorRecord DeviceState::read_error() const {
   return e;
 }
 
+ErrorRecord DeviceState::peek_error() const {
+  cudaStream_t side = nullptr;
+  LOOM_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  ErrorRecord e{};
+  cudaError_t const copied = cudaMemcpyAsync(&e, arena_.get() + layout_.error_offset(), sizeof(e),
+                                             cudaMemcpyDeviceToHost, side);
+  cudaError_t const synced = copied == cudaSuccess ? cudaStreamSynchronize(side) : copied;
+  cudaStreamDestroy(side);
+  LOOM_CUDA(synced);
+  return e;
+}
+
 std::uint64_t DeviceState::read_epoch() const {
   std::uint64_t epoch = 0;
   LOOM_CUDA(cudaMemcpy(&epoch, arena_.get() + layout_.counters_offset(), sizeof(epoch),

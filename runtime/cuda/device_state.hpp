@@ -17,6 +17,9 @@ class DeviceState {
 
   // Copies the error record back (after the stream is synchronised).
   ErrorRecord read_error() const;
+  // The same while a launch may still run: copied on a non-blocking stream of its own, which
+  // waits for nothing the launch's stream holds.
+  ErrorRecord peek_error() const;
   // After a failed launch: re-uploads the initial image for the launch after it (epochs keep
   // growing, see StateLayout::initialize).
   void reinitialize_after_failure();

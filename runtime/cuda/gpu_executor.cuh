@@ -2,11 +2,14 @@
 // API and the device: every block must be resident at once (the actors spin on each other), so the
 // launch is cooperative and a configuration that cannot be co-resident is refused before it runs.
 // launch() is asynchronous and capturable in a CUDA graph (the epoch lives on the device, so every
-// replay is a new launch); check() synchronises and turns a device error record into loom::Error.
+// replay is a new launch); check() synchronises and turns a device error record into loom::Error,
+// and a launch that cannot end after its error into one too, instead of waiting for ever.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <thread>
 
 #include "runtime/cuda/check.hpp"
 #include "runtime/cuda/device_state.hpp"
@@ -50,12 +53,16 @@ class GpuExecutor {
 
   // Enqueues one launch on `stream`; no host synchronisation.
   void launch(cudaStream_t stream = nullptr) {
+    if (stuck_)
+      throw Error(
+          "loom: an earlier launch of this executor never ended (see its error); it cannot launch "
+          "again");
     with_policy(options_.policy, [&](auto p) { launch_with<decltype(p)>(stream); });
   }
 
   // Waits for the stream and raises the launch's error, if any (then re-initialises the state).
   void check(cudaStream_t stream = nullptr) {
-    LOOM_CUDA(cudaStreamSynchronize(stream));
+    wait(stream);
     ErrorRecord const e = state_.read_error();
     if (e.code != 0) {
       state_.reinitialize_after_failure();
@@ -66,7 +73,7 @@ class GpuExecutor {
   // For several ranks that launch together: waits for the stream and returns the launch's error
   // message ("" when it succeeded) without re-initialising; then restart_at() on every rank.
   std::string failure(cudaStream_t stream = nullptr) {
-    LOOM_CUDA(cudaStreamSynchronize(stream));
+    wait(stream);
     ErrorRecord const e = state_.read_error();
     return e.code != 0 ? Pipeline::describe(e) : std::string();
   }
@@ -80,9 +87,49 @@ class GpuExecutor {
   }
 
   std::uint64_t launches() const { return state_.read_epoch() - 1; }
+  // A launch of this executor never ended (check() raised it): nothing may wait on its stream.
+  bool stuck() const { return stuck_; }
   std::vector<TraceRecord> take_trace() { return state_.take_trace(); }
 
  private:
+  // Waits for `stream`. Every wait inside a launch is bounded, so a launch that has recorded an
+  // error ends soon after; one that has not ended a grace period later (twice the watchdog, at
+  // least a second) has a block stuck where no watchdog reaches (a hardware wait, a task body's
+  // own loop). Waiting on would hang the host without a word, so that is raised instead, with the
+  // recorded error; the executor then refuses to launch again.
+  void wait(cudaStream_t stream) {
+    using Clock = std::chrono::steady_clock;
+    constexpr auto kPeekEvery = std::chrono::milliseconds(50);
+    constexpr auto kSpinFor = std::chrono::milliseconds(10);
+    auto const grace = std::max<Clock::duration>(2 * options_.watchdog, std::chrono::seconds(1));
+    auto const start = Clock::now();
+    auto next_peek = start + kPeekEvery;
+    Clock::time_point failed_at{};
+    bool failed = false;
+    for (;;) {
+      cudaError_t const q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) LOOM_CUDA(q);
+      auto const now = Clock::now();
+      if (now - start > kSpinFor) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (now < next_peek) continue;
+      next_peek = now + kPeekEvery;
+      ErrorRecord const e = state_.peek_error();
+      if (e.code == 0) continue;
+      if (!failed) {
+        failed = true;
+        failed_at = now;
+      } else if (now - failed_at > grace) {
+        stuck_ = true;
+        auto const ms = std::chrono::duration_cast<std::chrono::milliseconds>(grace).count();
+        throw Error(Pipeline::describe(e) + "; the launch did not end within " +
+                    std::to_string(ms) +
+                    " ms of that error: a block is stuck where no watchdog reaches, and this "
+                    "executor cannot launch again");
+      }
+    }
+  }
+
   template <class Policy>
   static constexpr auto kernel() {
     return &persistent_kernel<Pipeline, Policy, Decoder>;
@@ -173,6 +220,7 @@ class GpuExecutor {
   SymmetricView heap_;
   GpuLaunchShape shape_;
   DeviceState state_;
+  bool stuck_ = false;  // a launch never ended (see wait)
 };
 
 }  // namespace loom

@@ -82,8 +82,26 @@ struct Huge {
   __device__ static void device(Payload const&, TaskContext&) {}
 };
 
+// Spins until the host sets `*release`, with no watchdog on purpose: a block stuck where no
+// watchdog reaches, as a hardware wait would leave it.
+struct Stuck {
+  static constexpr char const* name = "stuck";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    std::uint32_t const* release;
+  };
+  static void host(Payload const&, TaskContext&) {}
+  __device__ static void device(Payload const& p, TaskContext&) {
+    if (threadIdx.x == 0)
+      while (*static_cast<std::uint32_t const volatile*>(p.release) == 0) {
+      }
+  }
+};
+
 using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn, Check>;
 using HugePipeline = loom::Pipeline<Huge>;
+using StuckPipeline = loom::Pipeline<Stuck>;
 
 __device__ void Check::device(Payload const& p, TaskContext& ctx) {
   if (threadIdx.x == 0 && p.value != p.want) ctx.fail(__LINE__, p.value, p.want);
@@ -324,6 +342,40 @@ TEST(GpuRuntime, UnsatisfiableDependencyEndsInWatchdogError) {
   ok.add_task(TestPipeline::make<loom::tasks::Empty>({0}));
   loom::GpuExecutor<TestPipeline> ex2(ok.build());
   ex2.run();
+}
+
+// The scheduler's watchdog records the stall, but the stuck block cannot leave, so the launch
+// never ends: check() raises the recorded error after its grace period instead of waiting.
+TEST(GpuRuntime, LaunchThatCannotEndAfterItsErrorIsReportedNotWaitedFor) {
+  LOOM_REQUIRE_GPU();
+  loom::DeviceBuffer<std::uint32_t> release(std::vector<std::uint32_t>{0});
+  GraphBuilder b;
+  b.add_task(StuckPipeline::make<Stuck>({release.get()}));
+  loom::GpuOptions o;
+  o.watchdog = std::chrono::milliseconds(200);
+  loom::GpuExecutor<StuckPipeline> ex(b.build(), o);
+  cudaStream_t stream = nullptr, side = nullptr;
+  LOOM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LOOM_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  auto const t0 = std::chrono::steady_clock::now();
+  ex.launch(stream);
+  try {
+    ex.check(stream);
+    FAIL() << "a launch with a stuck block cannot have completed";
+  } catch (loom::Error const& e) {
+    std::string const msg = e.what();
+    EXPECT_NE(msg.find("watchdog"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did not end"), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_THROW(ex.launch(stream), loom::Error);
+  // Let the block go: the launch then ends.
+  std::uint32_t const one = 1;
+  LOOM_CUDA(cudaMemcpyAsync(release.get(), &one, sizeof(one), cudaMemcpyHostToDevice, side));
+  LOOM_CUDA(cudaStreamSynchronize(side));
+  LOOM_CUDA(cudaStreamSynchronize(stream));
+  LOOM_CUDA(cudaStreamDestroy(side));
+  LOOM_CUDA(cudaStreamDestroy(stream));
 }
 
 TEST(GpuRuntime, DiamondsRunEveryTaskOnceAfterItsPredecessors) {
