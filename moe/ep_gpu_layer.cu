@@ -17,13 +17,6 @@ __global__ void set_ep_call(EpView* view, bf16 const* x, bf16* out, std::uint32_
   const_cast<std::uint32_t*>(view->local.call)[1] = given;
 }
 
-template <class T>
-DeviceBuffer<T> zeros(std::size_t n) {
-  DeviceBuffer<T> b(n);
-  b.fill_bytes(0);
-  return b;
-}
-
 // Experts [first, first + count) of a tensor of `per_expert` elements each.
 std::vector<bf16> expert_slice(std::vector<bf16> const& all, std::size_t per_expert,
                                std::size_t first, std::size_t count) {
@@ -62,55 +55,25 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
                 std::to_string(layout.bytes()));
   std::uint32_t const el = shape_.local_experts, rank = heap.rank;
   std::size_t const rows = shape_.pool_rows, slots = std::size_t{config.max_tokens} * config.top_k;
-  router_ = DeviceBuffer<bf16>(weights.router);
-  w1_ = DeviceBuffer<bf16>(expert_slice(pack_up_projection(config, weights),
-                                        std::size_t{config.up_columns()} * config.hidden,
-                                        std::size_t{rank} * el, el));
-  w2_ = DeviceBuffer<bf16>(expert_slice(weights.down, std::size_t{config.hidden} * config.ffn,
-                                        std::size_t{rank} * el, el));
-  pool_ = DeviceBuffer<bf16>(rows * config.hidden);
-  h_ = DeviceBuffer<bf16>(rows * config.ffn);
-  call_ = zeros<std::uint32_t>(2);
-  counts_ = zeros<std::uint32_t>(config.experts);
-  expert_tokens_ = zeros<std::uint32_t>(config.experts);
-  offsets_ = zeros<std::uint32_t>(el + 1);
-  tile_base_ = zeros<std::uint32_t>(el + 1);
-  fill_ = zeros<std::uint32_t>(el);
-  block_pairs_ = zeros<std::uint32_t>(shape_.local.max_blocks);
-  row_source_ = zeros<std::uint32_t>(rows);
+  buf_ = std::make_unique<LayerBuffers>(
+      config, shape_.local, el, rows, slots, weights.router,
+      expert_slice(pack_up_projection(config, weights),
+                   std::size_t{config.up_columns()} * config.hidden, std::size_t{rank} * el, el),
+      expert_slice(weights.down, std::size_t{config.hidden} * config.ffn, std::size_t{rank} * el,
+                   el));
   row_rank_ = zeros<std::uint32_t>(rows);
-  rows_arrived_ = zeros<std::uint32_t>(shape_.local.max_mtiles);
-  up_done_ = zeros<std::uint32_t>(shape_.local.max_mtiles);
   send_tokens_ = zeros<std::uint32_t>(world);
   send_chunks_ = zeros<std::uint32_t>(world);
   last_sent_ = zeros<std::uint64_t>(world);
   local_tokens_ = zeros<std::uint32_t>(el);
-  ids_ = DeviceBuffer<std::int32_t>(slots);
-  weights_ = DeviceBuffer<float>(slots);
 
   auto* const base = static_cast<unsigned char*>(heap.bases[rank]);
   auto at = [base](Region r) { return base + r.offset; };
   EpView ep = shape_;
   ep.skip_sends = silent ? 1u : 0u;
   MoEView& v = ep.local;
-  v.call = call_.get();
-  v.router_w = router_.get();
-  v.w1 = w1_.get();
-  v.w2 = w2_.get();
-  v.topk_ids = ids_.get();
-  v.topk_weights = weights_.get();
-  v.counts = counts_.get();
-  v.expert_tokens = expert_tokens_.get();
-  v.offsets = offsets_.get();
-  v.tile_base = tile_base_.get();
-  v.fill = fill_.get();
-  v.block_pairs = block_pairs_.get();
-  v.pool = pool_.get();
-  v.row_source = row_source_.get();
-  v.h = h_.get();
+  buf_->bind(v);
   v.y = reinterpret_cast<float*>(at(regions.y));
-  v.rows_arrived = rows_arrived_.get();
-  v.up_done = up_done_.get();
   v.block_done = reinterpret_cast<std::uint32_t*>(at(regions.block_done));
   ep.inbox = reinterpret_cast<std::uint32_t*>(at(regions.inbox));
   ep.inbox_flag = reinterpret_cast<std::uint64_t*>(at(regions.inbox_flag));
@@ -126,9 +89,9 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   ep.local_tokens = local_tokens_.get();
   ExpertSide const side{el, shape_.pool_rows};
   up_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
-      up_gemm_desc(config, pool_.get(), w1_.get(), h_.get(), side), gemms.up);
+      up_gemm_desc(config, buf_->pool.get(), buf_->w1.get(), buf_->h.get(), side), gemms.up);
   down_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
-      down_gemm_desc(config, h_.get(), w2_.get(), v.y, side), gemms.down);
+      down_gemm_desc(config, buf_->h.get(), buf_->w2.get(), v.y, side), gemms.down);
   v.up_ops = up_gemm_->device();
   v.down_ops = down_gemm_->device();
   view_ = DeviceBuffer<EpView>(std::vector<EpView>{ep});
@@ -147,9 +110,9 @@ void GpuEpMoERank::launch(EpRankCall const& call, cudaStream_t stream) {
     throw Error("loom: rank " + std::to_string(shape_.rank) + ": routing needs ids and weights");
   if (call.ids) {
     std::size_t const n = std::size_t{call.tokens} * config_.top_k;
-    LOOM_CUDA(cudaMemcpyAsync(ids_.get(), call.ids, n * sizeof(std::int32_t),
+    LOOM_CUDA(cudaMemcpyAsync(buf_->ids.get(), call.ids, n * sizeof(std::int32_t),
                               cudaMemcpyDeviceToDevice, stream));
-    LOOM_CUDA(cudaMemcpyAsync(weights_.get(), call.weights, n * sizeof(float),
+    LOOM_CUDA(cudaMemcpyAsync(buf_->weights.get(), call.weights, n * sizeof(float),
                               cudaMemcpyDeviceToDevice, stream));
   }
   last_tokens_ = call.tokens;
@@ -167,14 +130,15 @@ std::string GpuEpMoERank::failure(cudaStream_t stream) {
 void GpuEpMoERank::restart_at(std::uint64_t epoch) {
   ScopedDevice on(device_);
   executor_->restart_at(epoch);
-  for (auto* b : {&counts_, &fill_, &rows_arrived_, &up_done_, &send_tokens_, &send_chunks_})
+  for (auto* b : {&buf_->counts, &buf_->fill, &buf_->rows_arrived, &buf_->up_done, &send_tokens_,
+                  &send_chunks_})
     b->fill_bytes(0);
   last_sent_.fill_bytes(0);
 }
 
 std::vector<std::uint32_t> GpuEpMoERank::expert_tokens() const {
   ScopedDevice on(device_);
-  return expert_tokens_.download();
+  return buf_->expert_tokens.download();
 }
 
 std::vector<std::uint32_t> GpuEpMoERank::local_expert_rows() const {
@@ -184,14 +148,14 @@ std::vector<std::uint32_t> GpuEpMoERank::local_expert_rows() const {
 
 std::vector<std::int32_t> GpuEpMoERank::topk_ids() const {
   ScopedDevice on(device_);
-  auto all = ids_.download();
+  auto all = buf_->ids.download();
   all.resize(std::size_t{last_tokens_} * config_.top_k);
   return all;
 }
 
 std::vector<float> GpuEpMoERank::topk_weights() const {
   ScopedDevice on(device_);
-  auto all = weights_.download();
+  auto all = buf_->weights.download();
   all.resize(std::size_t{last_tokens_} * config_.top_k);
   return all;
 }

@@ -9,6 +9,7 @@
 
 #include "moe/ep_cpu_layer.hpp"  // EpRankCall
 #include "moe/ep_pipeline.hpp"
+#include "moe/layer_buffers.cuh"
 #include "moe/weights.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
@@ -55,13 +56,9 @@ class GpuEpMoERank {
   MoEConfig config_;
   int device_;
   EpView shape_;
-  DeviceBuffer<bf16> router_, w1_, w2_, pool_, h_;
-  DeviceBuffer<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
-      block_pairs_, row_source_, rows_arrived_, up_done_, send_tokens_, send_chunks_, row_rank_,
-      local_tokens_;
+  std::unique_ptr<LayerBuffers> buf_;  // allocated on device_
+  DeviceBuffer<std::uint32_t> send_tokens_, send_chunks_, row_rank_, local_tokens_;
   DeviceBuffer<std::uint64_t> last_sent_;
-  DeviceBuffer<std::int32_t> ids_;
-  DeviceBuffer<float> weights_;
   std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
   DeviceBuffer<EpView> view_;
   std::unique_ptr<GpuExecutor<EpPipeline, EpDecoder>> executor_;

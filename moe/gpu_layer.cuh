@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "moe/layer_buffers.cuh"
 #include "moe/pipeline.hpp"
 #include "moe/weights.hpp"
 #include "runtime/cuda/device_buffer.hpp"
@@ -46,11 +47,9 @@ class GpuMoELayer {
 
   MoEConfig config_;
   MoEView shape_;
-  DeviceBuffer<bf16> router_, w1_, w2_, pool_, h_;
-  DeviceBuffer<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
-      block_pairs_, row_source_, rows_arrived_, up_done_, block_done_;
-  DeviceBuffer<std::int32_t> ids_;
-  DeviceBuffer<float> weights_, y_;
+  LayerBuffers buf_;
+  DeviceBuffer<std::uint32_t> block_done_;
+  DeviceBuffer<float> y_;
   std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
   DeviceBuffer<MoEView> view_;
   std::unique_ptr<GpuExecutor<MoEPipeline>> executor_;

@@ -1,0 +1,46 @@
+#include "moe/layer_buffers.cuh"
+
+namespace loom::moe {
+
+LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::uint32_t experts,
+                           std::size_t rows, std::size_t slots, std::vector<bf16> const& router_w,
+                           std::vector<bf16> const& w1_packed, std::vector<bf16> const& w2_w)
+    : router(router_w),
+      w1(w1_packed),
+      w2(w2_w),
+      pool(rows * config.hidden),
+      h(rows * config.ffn),
+      call(zeros<std::uint32_t>(2)),
+      counts(zeros<std::uint32_t>(config.experts)),
+      expert_tokens(zeros<std::uint32_t>(config.experts)),
+      offsets(zeros<std::uint32_t>(experts + 1)),
+      tile_base(zeros<std::uint32_t>(experts + 1)),
+      fill(zeros<std::uint32_t>(experts)),
+      block_pairs(zeros<std::uint32_t>(shape.max_blocks)),
+      row_source(zeros<std::uint32_t>(rows)),
+      rows_arrived(zeros<std::uint32_t>(shape.max_mtiles)),
+      up_done(zeros<std::uint32_t>(shape.max_mtiles)),
+      ids(slots),
+      weights(slots) {}
+
+void LayerBuffers::bind(MoEView& v) const {
+  v.call = call.get();
+  v.router_w = router.get();
+  v.w1 = w1.get();
+  v.w2 = w2.get();
+  v.topk_ids = ids.get();
+  v.topk_weights = weights.get();
+  v.counts = counts.get();
+  v.expert_tokens = expert_tokens.get();
+  v.offsets = offsets.get();
+  v.tile_base = tile_base.get();
+  v.fill = fill.get();
+  v.block_pairs = block_pairs.get();
+  v.pool = pool.get();
+  v.row_source = row_source.get();
+  v.h = h.get();
+  v.rows_arrived = rows_arrived.get();
+  v.up_done = up_done.get();
+}
+
+}  // namespace loom::moe

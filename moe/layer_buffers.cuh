@@ -1,0 +1,38 @@
+// The device buffers one rank's layer owns and its MoEView points at: weights, routing, the plan's
+// counts and offsets, the expert pool, the hidden rows and the arrival counters. The one-GPU layer
+// and each expert-parallel rank build one; the rank places y and the block counters in its
+// symmetric window instead, so those two stay with the layers.
+#pragma once
+
+#include <vector>
+
+#include "moe/view.hpp"
+#include "runtime/cuda/device_buffer.hpp"
+
+namespace loom::moe {
+
+template <class T>
+DeviceBuffer<T> zeros(std::size_t n) {
+  DeviceBuffer<T> b(n);
+  b.fill_bytes(0);
+  return b;
+}
+
+struct LayerBuffers {
+  // `shape`: the view's shape; `experts`: the experts this rank computes (their W1, packed, and
+  // W2 given); `rows`: its pool rows; `slots`: routing slots, max_tokens x top_k.
+  LayerBuffers(MoEConfig const& config, MoEView const& shape, std::uint32_t experts,
+               std::size_t rows, std::size_t slots, std::vector<bf16> const& router,
+               std::vector<bf16> const& w1, std::vector<bf16> const& w2);
+
+  // Points the view's buffers at these (all but y and block_done).
+  void bind(MoEView& v) const;
+
+  DeviceBuffer<bf16> router, w1, w2, pool, h;
+  DeviceBuffer<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
+      row_source, rows_arrived, up_done;
+  DeviceBuffer<std::int32_t> ids;
+  DeviceBuffer<float> weights;
+};
+
+}  // namespace loom::moe
