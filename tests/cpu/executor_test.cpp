@@ -9,6 +9,9 @@
 namespace loom::test {
 namespace {
 
+// Every test gets a fresh seed and a generator on it (SeededTest).
+class Executor : public SeededTest {};
+
 constexpr SchedulingPolicy kPolicies[] = {SchedulingPolicy::fifo, SchedulingPolicy::priority};
 
 // Runs `launches` launches with each policy, poisoning the record before each, and checks each.
@@ -26,11 +29,8 @@ void run_and_check(Shape const& shape, Recorder& r, CpuOptions options, int laun
   }
 }
 
-TEST(Executor, ChainRunsInStrictOrder) {
+TEST_F(Executor, ChainRunsInStrictOrder) {
   constexpr std::uint32_t n = 10'000;
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
   Recorder r(n);
   Shape const shape = chain_shape(r, n, &rng);  // priorities must not matter along a chain
   CpuExecutor<TestPipeline> ex(one_rank(shape.graph), options_with(3));
@@ -47,20 +47,14 @@ TEST(Executor, ChainRunsInStrictOrder) {
   }
 }
 
-TEST(Executor, ChainOfDiamondsRunsEachTaskOnceAfterItsPredecessors) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
+TEST_F(Executor, ChainOfDiamondsRunsEachTaskOnceAfterItsPredecessors) {
   Recorder r(3 * 3334 + 1);
   Shape const shape = diamond_chain_shape(r, 3334, rng, /*priorities=*/true);
   ASSERT_GE(shape.tasks, 10'000u);
   run_and_check(shape, r, options_with(4), 2);
 }
 
-TEST(Executor, RandomDagRunsEachTaskOnceAfterItsPredecessors) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
+TEST_F(Executor, RandomDagRunsEachTaskOnceAfterItsPredecessors) {
   Recorder r(10'000);
   Shape const shape = random_dag_shape(r, 10'000, 64, rng, /*priorities=*/true);
   run_and_check(shape, r, options_with(4), 2);
@@ -69,10 +63,7 @@ TEST(Executor, RandomDagRunsEachTaskOnceAfterItsPredecessors) {
 // Processors asking for their next task as they start one (prefetch: always, never, or after a
 // task of at least 2 µs, the default): the same order and exactly-once execution, with reports that carry a credit or only a
 // count, on a DAG and on a wide fan-out where the idle processors must get the work.
-TEST(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
+TEST_F(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
   Recorder r(10'000);
   Shape const dag = random_dag_shape(r, 10'000, 64, rng, /*priorities=*/true);
   Recorder f(2'002);
@@ -88,20 +79,14 @@ TEST(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
 
 // Fan-outs wider than one chunk are released by the scheduler (fan-out entries); tasks gated on
 // several of them run once, after the last.
-TEST(Executor, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
+TEST_F(Executor, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) {
   Recorder r(6 + 5'000);
   Shape const shape = shared_fanout_shape(r, 6, 5'000, rng);
   ASSERT_GT(shape.graph.events[0].succ_end - shape.graph.events[0].succ_begin, kFanOutAbove);
   run_and_check(shape, r, options_with(4), 3);
 }
 
-TEST(Executor, FanOutThenFanIn) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
+TEST_F(Executor, FanOutThenFanIn) {
   Recorder r(10'002);
   Shape const shape = fan_shape(r, 10'000, &rng);
   run_and_check(shape, r, options_with(4), 2);
@@ -109,7 +94,7 @@ TEST(Executor, FanOutThenFanIn) {
   for (std::uint32_t i = 1; i <= 10'000; ++i) ASSERT_LT(r.end(i), r.start(10'001));
 }
 
-TEST(Executor, TaskWithSeveralGatesWaitsForAllOfThem) {
+TEST_F(Executor, TaskWithSeveralGatesWaitsForAllOfThem) {
   // Sink waits on k events; event i is completed by a chain of i+1 tasks, so the gates fire at
   // very different times. Several sinks share some of the gates.
   constexpr std::uint32_t k = 6;
@@ -152,10 +137,7 @@ TEST(Executor, TaskWithSeveralGatesWaitsForAllOfThem) {
   run_and_check(s, r, options_with(3), 30);
 }
 
-TEST(Executor, RepeatedLaunchesGiveTheSameResultWithoutReset) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
+TEST_F(Executor, RepeatedLaunchesGiveTheSameResultWithoutReset) {
   Recorder r(1000);
   Shape const shape = random_dag_shape(r, 1000, 32, rng);
   CpuExecutor<TestPipeline> ex(one_rank(shape.graph), options_with(4));
@@ -173,10 +155,7 @@ TEST(Executor, RepeatedLaunchesGiveTheSameResultWithoutReset) {
 
 // One processor: the scheduler's choice is the execution order. Roots of random priority are all
 // ready when the launch starts.
-TEST(Executor, PriorityPolicyRunsHigherLevelsFirstAndFifoWithinALevel) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  std::mt19937 rng(seed);
+TEST_F(Executor, PriorityPolicyRunsHigherLevelsFirstAndFifoWithinALevel) {
   constexpr std::uint32_t n = 300;
   Recorder r(n);
   GraphBuilder b;
@@ -215,7 +194,7 @@ TEST(Executor, PriorityPolicyRunsHigherLevelsFirstAndFifoWithinALevel) {
 // it runs next; under FIFO the released tasks run in the order they were released. Every Li
 // releases a follower Fi, which became ready after all of L1..Lk and H, so under FIFO it runs
 // after them.
-TEST(Executor, OneProcessorRunsReleasedTasksInPolicyOrder) {
+TEST_F(Executor, OneProcessorRunsReleasedTasksInPolicyOrder) {
   constexpr std::uint32_t k = 6;
   // Slots: 0 = A, 1..k = L, k+1 = H, k+2.. = F.
   Recorder r(2 * k + 2);
@@ -261,13 +240,13 @@ TEST(Executor, OneProcessorRunsReleasedTasksInPolicyOrder) {
                                << k + 1 << ")";
 }
 
-TEST(Executor, LaunchWithoutTasksTerminates) {
+TEST_F(Executor, LaunchWithoutTasksTerminates) {
   CpuExecutor<TestPipeline> ex(one_rank(GraphBuilder{}.build()), options_with(2));
   for (int i = 0; i < 5; ++i) ex.run(kPolicies[i % 2]);
   EXPECT_EQ(ex.launches(), 5u);
 }
 
-TEST(Executor, LaunchOfOnlyRootsTerminates) {
+TEST_F(Executor, LaunchOfOnlyRootsTerminates) {
   Recorder r(200);
   GraphBuilder b;
   Shape s;
@@ -278,13 +257,13 @@ TEST(Executor, LaunchOfOnlyRootsTerminates) {
   run_and_check(s, r, options_with(4), 3);
 }
 
-TEST(Executor, MoreProcessorsThanTasks) {
+TEST_F(Executor, MoreProcessorsThanTasks) {
   Recorder r(3);
   Shape const s = fan_shape(r, 1);
   run_and_check(s, r, options_with(8), 3);
 }
 
-TEST(Executor, TraceRecordsEveryTaskOnce) {
+TEST_F(Executor, TraceRecordsEveryTaskOnce) {
   Recorder r(102);
   Shape const s = fan_shape(r, 100);
   CpuOptions o = options_with(3);
@@ -320,7 +299,7 @@ TEST(Executor, TraceRecordsEveryTaskOnce) {
 
 // The epoch is what every epoch-valued flag (symmetric-heap signals, arrival markers) is compared
 // against, so it must never go back, not even when a launch fails and the executor re-initialises.
-TEST(Executor, EpochKeepsGrowingAcrossAFailedLaunch) {
+TEST_F(Executor, EpochKeepsGrowingAcrossAFailedLaunch) {
   Recorder r(2);
   std::uint32_t trigger = 0;
   GraphBuilder b;

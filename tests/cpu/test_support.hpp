@@ -28,6 +28,14 @@ inline std::string seed_trace(std::uint32_t seed) {
          ")";
 }
 
+// A test fixture with a fresh seed, named in every failure of the test, and a generator on it.
+class SeededTest : public ::testing::Test {
+ protected:
+  std::uint32_t const seed = fresh_seed();
+  ::testing::ScopedTrace const trace{__FILE__, __LINE__, seed_trace(seed)};
+  std::mt19937 rng{seed};
+};
+
 // Runs fn; returns the loom::Error message it threw, or a marker saying it threw none.
 template <class Fn>
 std::string error_of(Fn&& fn) {
