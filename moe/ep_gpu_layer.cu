@@ -130,9 +130,9 @@ std::string GpuEpMoERank::failure(cudaStream_t stream) {
 void GpuEpMoERank::restart_at(std::uint64_t epoch) {
   ScopedDevice on(device_);
   executor_->restart_at(epoch);
-  for (auto* b : {&buf_->counts, &buf_->fill, &buf_->rows_arrived, &buf_->up_done, &send_tokens_,
-                  &send_chunks_})
-    b->fill_bytes(0);
+  buf_->lower_counters();
+  send_tokens_.fill_bytes(0);
+  send_chunks_.fill_bytes(0);
   last_sent_.fill_bytes(0);
 }
 

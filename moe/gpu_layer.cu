@@ -75,10 +75,7 @@ void GpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, std::int32_t cons
 }
 
 void GpuMoELayer::lower_counters() {
-  buf_.counts.fill_bytes(0);
-  buf_.fill.fill_bytes(0);
-  buf_.rows_arrived.fill_bytes(0);
-  buf_.up_done.fill_bytes(0);
+  buf_.lower_counters();
   block_done_.fill_bytes(0);
 }
 

@@ -43,4 +43,8 @@ void LayerBuffers::bind(MoEView& v) const {
   v.up_done = up_done.get();
 }
 
+void LayerBuffers::lower_counters() {
+  for (auto* b : {&counts, &fill, &rows_arrived, &up_done}) b->fill_bytes(0);
+}
+
 }  // namespace loom::moe
