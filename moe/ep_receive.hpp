@@ -39,8 +39,9 @@ struct GatherArrivals {
   }
 
 #if defined(__CUDACC__)
-  // Thread i < rows * k claims the pool row of (row i / k, its i % k-th expert); warps copy rows
-  // with 16-byte accesses (recv rows read from L2: a peer wrote them); then each claimant arrives.
+  // Thread i < rows * k claims the pool row of (row i / k, its i % k-th expert); the block copies
+  // each received row once to its pool rows (fan_out_rows reads through L2: a peer wrote them);
+  // then each claimant arrives.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -64,14 +65,8 @@ struct GatherArrivals {
       ep.row_rank[row_of[i]] = p.source;
     }
     __syncthreads();
-    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (std::uint32_t i = warp; i < pairs; i += blockDim.x / 32) {
-      if (row_of[i] == ~0u) continue;
-      uint4 const* src = reinterpret_cast<uint4 const*>(
-          ep.recv_rows + recv_index(ep, p, i / v.top_k) * v.hidden);
-      uint4* dst = reinterpret_cast<uint4*>(v.pool + std::size_t{row_of[i]} * v.hidden);
-      for (std::uint32_t c = lane; c < v.hidden / 8; c += 32) dst[c] = __ldcg(src + c);
-    }
+    fan_out_rows(reinterpret_cast<uint4 const*>(ep.recv_rows + recv_index(ep, p, 0) * v.hidden),
+                 reinterpret_cast<uint4*>(v.pool), p.rows, v.hidden / 8, row_of, v.top_k);
     __syncthreads();
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       if (row_of[i] == ~0u) continue;

@@ -2,6 +2,7 @@
 // the up- and down-projection tasks over it.
 #pragma once
 
+#include "moe/row_fanout.hpp"
 #include "moe/view.hpp"
 #include "runtime/context.hpp"
 
@@ -79,8 +80,8 @@ struct GatherTokens {
   }
 
 #if defined(__CUDACC__)
-  // Thread i < pairs claims pair i's row; the block copies the rows with 16-byte accesses,
-  // kCopyLoads of them in flight per thread; then thread i arrives for pair i.
+  // Thread i < pairs claims pair i's row; the block copies each token row to its pool rows
+  // (fan_out_rows, kCopyLoads reads in flight per thread); then thread i arrives for pair i.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
@@ -94,34 +95,13 @@ struct GatherTokens {
       row_of[i] = e < 0 ? ~0u : claim(v, e, index_of[i]);
     }
     __syncthreads();
-    // The view's fields in registers: the copies' stores could otherwise alias them.
-    std::uint32_t const hidden = v.hidden, top_k = v.top_k, row_chunks = hidden / 8;
-    bf16 const* const x = v.x;
-    bf16* const pool = v.pool;
-    std::uint32_t* const row_source = v.row_source;
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x)
-      if (row_of[i] != ~0u) row_source[row_of[i]] = (t0 + i / top_k) * top_k + i % top_k;
-    // The block's rows as one flat run of 16-byte chunks, consecutive threads on consecutive
-    // chunks: every thread keeps kCopyLoads loads in flight whatever the row length.
-    std::uint32_t const chunks = pairs * row_chunks;
-    for (std::uint32_t i0 = threadIdx.x; i0 < chunks; i0 += kCopyLoads * blockDim.x) {
-      uint4 r[kCopyLoads];
-      std::uint32_t to[kCopyLoads];
-#pragma unroll
-      for (std::uint32_t u = 0; u < kCopyLoads; ++u) {
-        std::uint32_t const i = i0 + u * blockDim.x;
-        std::uint32_t const pair = i / row_chunks, chunk = i - pair * row_chunks;
-        to[u] = i < chunks ? row_of[pair] : ~0u;
-        if (to[u] != ~0u)
-          r[u] = reinterpret_cast<uint4 const*>(x + std::size_t{t0 + pair / top_k} * hidden)[chunk];
-      }
-#pragma unroll
-      for (std::uint32_t u = 0; u < kCopyLoads; ++u) {
-        std::uint32_t const i = i0 + u * blockDim.x;
-        if (to[u] != ~0u)
-          reinterpret_cast<uint4*>(pool + std::size_t{to[u]} * hidden)[i % row_chunks] = r[u];
-      }
-    }
+      if (row_of[i] != ~0u) v.row_source[row_of[i]] = t0 * v.top_k + i;
+    // Each token row is read once and written to each of its experts' pool rows.
+    std::uint32_t const row_chunks = v.hidden / 8;
+    fan_out_rows<kCopyLoads>(reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden),
+                             reinterpret_cast<uint4*>(v.pool), n_tokens, row_chunks, row_of,
+                             v.top_k);
     __syncthreads();
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       if (row_of[i] == ~0u) continue;
