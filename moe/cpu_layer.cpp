@@ -27,6 +27,8 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   rows_arrived_.assign(v.max_mtiles, 0);
   up_done_.assign(v.max_mtiles, 0);
   block_done_.assign(v.max_blocks, 0);
+  route_arrived_.assign(v.max_routes, 0);
+  route_partial_.assign(route_partial_size(v), 0.0f);
   ids_.assign(rows, -1);
   weights_.assign(rows, 0.0f);
   y_.assign(rows * config.hidden, 0.0f);
@@ -51,6 +53,8 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   v.rows_arrived = rows_arrived_.data();
   v.up_done = up_done_.data();
   v.block_done = block_done_.data();
+  v.route_arrived = route_arrived_.data();
+  v.route_partial = route_partial_.data();
   up_ops_ = std::make_unique<tasks::gemm::GemmOperands>(
       tasks::gemm::make_operands(up_gemm_desc(config, pool_.data(), w1_.data(), h_.data()), gemms.up));
   down_ops_ = std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
@@ -102,6 +106,7 @@ void CpuMoELayer::run(bf16 const* x, std::uint32_t tokens, bf16* out) {
     std::fill(rows_arrived_.begin(), rows_arrived_.end(), 0u);
     std::fill(up_done_.begin(), up_done_.end(), 0u);
     std::fill(block_done_.begin(), block_done_.end(), 0u);
+    std::fill(route_arrived_.begin(), route_arrived_.end(), 0u);
     throw;
   }
 }

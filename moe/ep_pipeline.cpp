@@ -38,7 +38,7 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
     throw Error("loom: rank " + std::to_string(placement.rank) + " outside a world of " +
                 std::to_string(placement.world));
   EpView ep{};
-  ep.local = make_view_shape(c, gemms);
+  ep.local = make_view_shape(c, gemms, /*spread_routes=*/false);
   ep.rank = placement.rank;
   ep.world = placement.world;
   ep.local_experts = c.experts / placement.world;

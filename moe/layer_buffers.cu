@@ -20,8 +20,10 @@ LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::u
       row_source(zeros<std::uint32_t>(rows)),
       rows_arrived(zeros<std::uint32_t>(shape.max_mtiles)),
       up_done(zeros<std::uint32_t>(shape.max_mtiles)),
+      route_arrived(zeros<std::uint32_t>(shape.max_routes)),
       ids(slots),
-      weights(slots) {}
+      weights(slots),
+      route_partial(route_partial_size(shape)) {}
 
 void LayerBuffers::bind(MoEView& v) const {
   v.call = call.get();
@@ -41,10 +43,12 @@ void LayerBuffers::bind(MoEView& v) const {
   v.h = h.get();
   v.rows_arrived = rows_arrived.get();
   v.up_done = up_done.get();
+  v.route_arrived = route_arrived.get();
+  v.route_partial = route_partial.get();
 }
 
 void LayerBuffers::lower_counters() {
-  for (auto* b : {&counts, &fill, &rows_arrived, &up_done}) b->fill_bytes(0);
+  for (auto* b : {&counts, &fill, &rows_arrived, &up_done, &route_arrived}) b->fill_bytes(0);
 }
 
 }  // namespace loom::moe

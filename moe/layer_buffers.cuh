@@ -28,14 +28,14 @@ struct LayerBuffers {
   // Points the view's buffers at these (all but y and block_done).
   void bind(MoEView& v) const;
   // After a failed call, which may leave them raised: zeroes the counters a call raises and
-  // lowers again (expert counts, pool fill, row and tile arrivals).
+  // lowers again (expert counts, pool fill, row and tile arrivals, route parts).
   void lower_counters();
 
   DeviceBuffer<bf16> router, w1, w2, pool, h;
   DeviceBuffer<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
-      row_source, rows_arrived, up_done;
+      row_source, rows_arrived, up_done, route_arrived;
   DeviceBuffer<std::int32_t> ids;
-  DeviceBuffer<float> weights;
+  DeviceBuffer<float> weights, route_partial;
 };
 
 }  // namespace loom::moe

@@ -1,8 +1,34 @@
 #include "moe/pipeline.hpp"
 
+#include <algorithm>
+
 namespace loom::moe {
 
-MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms) {
+namespace {
+
+// Few route groups each streaming the whole router leave most SMs idle while the router is read
+// many times over: then a group is kRouteGroupTokens tokens and its slices are split over up to
+// kRouteTasks / groups parts, the last of which sums them and picks the experts.
+void spread_route_groups(MoEView& v) {
+  std::uint32_t const blocks = std::max(1u, kRouteGroupTokens / v.token_block);
+  std::uint32_t const groups = (v.max_blocks + blocks - 1) / blocks;
+  std::uint32_t const parts = std::min(v.route_slices, kRouteTasks / groups);
+  if (parts < 2 || v.route_slices > kMaxRouteSlices) return;
+  std::uint32_t const part_slices = (v.route_slices + parts - 1) / parts;
+  std::size_t const staged =
+      std::size_t{kRouteGroupTokens} *
+          (part_slices * kRouteSliceChunks * 64 + kRouteRowPad + 4 * v.experts) +
+      16;
+  if (staged > kRouteSharedBytes) return;
+  v.route_blocks = blocks;
+  v.max_routes = groups;
+  v.route_part_slices = part_slices;
+  v.route_parts = (v.route_slices + v.route_part_slices - 1) / v.route_part_slices;
+}
+
+}  // namespace
+
+MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool spread_routes) {
   validate(c);
   if (gemms.up.block_m != gemms.down.block_m)
     throw Error("loom: the expert GEMMs must share one M-tile height (up " +
@@ -22,11 +48,16 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms) {
   v.route_blocks = route_blocks_for(c.max_tokens, v.token_block, c.hidden, c.experts);
   if (v.token_block * v.route_blocks * route_bytes_per_token(c.hidden, c.experts) + 16 >
       kRouteSharedBytes)
-    throw Error("loom: MoEConfig: hidden=" + std::to_string(c.hidden) + " with experts=" +
-                std::to_string(c.experts) + " needs more than " +
+    throw Error("loom: MoEConfig: hidden=" + std::to_string(c.hidden) +
+                " with experts=" + std::to_string(c.experts) + " needs more than " +
                 std::to_string(kRouteSharedBytes) + " bytes of router staging per token");
   v.max_blocks = (c.max_tokens + v.token_block - 1) / v.token_block;
   v.max_routes = (v.max_blocks + v.route_blocks - 1) / v.route_blocks;
+  v.route_slices = (c.hidden / 32 + kRouteSliceChunks - 1) / kRouteSliceChunks;
+  v.route_segments = std::min(RouteTokens::split_of(c.experts, kRouteWarps), v.route_slices);
+  v.route_parts = 1;
+  v.route_part_slices = v.route_slices;
+  if (spread_routes) spread_route_groups(v);
   v.max_mtiles = max_mtiles(c.max_tokens, c.top_k, c.experts, v.tile_rows);
   v.activation = c.activation;
   v.score = c.router;
@@ -43,9 +74,10 @@ std::uint32_t dynamic_bound(MoEView const& v) {
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
-  EventId const routed = b.add_event(shape.max_routes);
+  std::uint32_t const routes = shape.max_routes * shape.route_parts;
+  EventId const routed = b.add_event(routes);
   EventId const planned = b.add_event(1);
-  for (std::uint32_t route = 0; route < shape.max_routes; ++route)
+  for (std::uint32_t route = 0; route < routes; ++route)
     b.add_task(MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route));
   b.add_task(MoEPipeline::make<PlanExperts>(PlanExperts::Payload{view}, planned), {routed});
   for (std::uint32_t block = 0; block < shape.max_blocks; ++block)

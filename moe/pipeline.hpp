@@ -14,8 +14,11 @@ namespace loom::moe {
 using MoEPipeline =
     Pipeline<RouteTokens, PlanExperts, GatherTokens, ExpertUp, ExpertDown, CombineTokens>;
 
-// The shape-derived part of a view (no pointers), and the type ids for dynamic emission.
-MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms);
+// The shape-derived part of a view (no pointers), and the type ids for dynamic emission. With
+// `spread_routes`, few route groups split the router's slices over several tasks (the layer's
+// own route tasks; expert-parallel dispatch routes each of its blocks whole).
+MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms,
+                        bool spread_routes = true);
 
 // The graph over a view that lives in the executor's memory at `view`.
 Graph build_moe_graph(MoEView const& shape, MoEView const* view);

@@ -11,6 +11,10 @@
 #include "runtime/context.hpp"
 #include "tasks/gemm/ptx/mma_sync.cuh"
 
+#if defined(__CUDACC__)
+#include <cuda_pipeline.h>
+#endif
+
 namespace loom::moe {
 
 // Shared by route bodies: checks one token's caller-supplied routing. Returns 0 when valid, else
@@ -50,20 +54,87 @@ struct RouteTokens {
     return t + " has a non-finite weight for expert " + e;
   }
 
-  // Route task p.block covers token blocks [p.block * route_blocks, ...).
+  // Route task p.block: part p.block % route_parts of route group p.block / route_parts, which
+  // covers token blocks [group * route_blocks, ...). A group of one part routes its blocks whole.
   static void host(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
-    route_host(v, p.block * v.route_blocks, v.route_blocks, ctx);
+    std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
+    if (v.route_parts > 1 && v.call[1] == 0) return route_part_host(v, group, part, ctx);
+    if (part == 0) route_host(v, group * v.route_blocks, v.route_blocks, ctx);
   }
 
   // Routes token blocks [first, first + blocks) (those within this call's tokens).
   static void route_host(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
                          TaskContext& ctx) {
+    auto const logits = [&](std::uint32_t t, float* out) {
+      for (std::uint32_t e = 0; e < v.experts; ++e)
+        out[e] = in_segment_order(v, [&](std::uint32_t s) { return slice_dot_host(v, t, e, s); });
+    };
     for (std::uint32_t block = first; block < first + blocks && block < v.max_blocks; ++block)
-      if (!route_block_host(v, block, ctx)) return;
+      if (!route_block_host(v, block, ctx, logits)) return;
   }
 
-  static bool route_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx) {
+  // One part of a spread group: its slices' dot products for the group's tokens; the last part
+  // to finish sums them (in the order route_host does) and routes the group's blocks.
+  static void route_part_host(MoEView const& v, std::uint32_t group, std::uint32_t part,
+                              TaskContext& ctx) {
+    std::uint32_t const tokens = v.call[0], first = group * v.route_blocks;
+    std::uint32_t const t0 = first * v.token_block;
+    if (t0 >= tokens) return;
+    std::uint32_t const t1 = std::min(t0 + v.route_blocks * v.token_block, tokens);
+    std::uint32_t const s0 = part * v.route_part_slices;
+    std::uint32_t const s1 = std::min(s0 + v.route_part_slices, v.route_slices);
+    for (std::uint32_t t = t0; t < t1; ++t)
+      for (std::uint32_t s = s0; s < s1; ++s)
+        for (std::uint32_t e = 0; e < v.experts; ++e)
+          v.route_partial[partial_index(v, s, t, e)] = slice_dot_host(v, t, e, s);
+    if (fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 != v.route_parts) return;
+    store_relaxed(v.route_arrived[group], 0u);
+    auto const logits = [&](std::uint32_t t, float* out) {
+      for (std::uint32_t e = 0; e < v.experts; ++e) out[e] = sum_slices(v, t, e);
+    };
+    for (std::uint32_t block = first; block < first + v.route_blocks && block < v.max_blocks;
+         ++block)
+      if (!route_block_host(v, block, ctx, logits)) return;
+  }
+
+  LOOM_HD static std::size_t partial_index(MoEView const& v, std::uint32_t s, std::uint32_t t,
+                                           std::uint32_t e) {
+    return (std::size_t{s} * v.max_tokens + t) * v.experts + e;
+  }
+
+  // A logit from its slices' dot products slice(s), summed in segment order (view.hpp).
+  template <class Slice>
+  LOOM_HD static float in_segment_order(MoEView const& v, Slice const& slice) {
+    float logit = 0.0f;
+    for (std::uint32_t q = 0; q < v.route_segments; ++q) {
+      float segment = 0.0f;
+      for (std::uint32_t s = segment_first_slice(v, q); s < segment_first_slice(v, q + 1); ++s)
+        segment += slice(s);
+      logit = q == 0 ? segment : logit + segment;
+    }
+    return logit;
+  }
+
+  // The logit of (token t, expert e) from the slices spread parts wrote (host; the device sums
+  // them in sum_parts, in the same order).
+  static float sum_slices(MoEView const& v, std::uint32_t t, std::uint32_t e) {
+    return in_segment_order(
+        v, [&](std::uint32_t s) { return v.route_partial[partial_index(v, s, t, e)]; });
+  }
+
+  static float slice_dot_host(MoEView const& v, std::uint32_t t, std::uint32_t e, std::uint32_t s) {
+    bf16 const* x = v.x + std::size_t{t} * v.hidden;
+    bf16 const* w = v.router_w + std::size_t{e} * v.hidden;
+    float acc = 0.0f;
+    for (std::uint32_t c = slice_first_chunk(s) * 32; c < slice_end_chunk(v, s) * 32; ++c)
+      acc += __bfloat162float(x[c]) * __bfloat162float(w[c]);
+    return acc;
+  }
+
+  template <class Logits>
+  static bool route_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx,
+                               Logits const& logits_of) {
     std::uint32_t const tokens = v.call[0];
     std::uint32_t const t0 = block * v.token_block;
     if (t0 >= tokens) return true;  // beyond this call's tokens: plan gives the slack back
@@ -73,13 +144,7 @@ struct RouteTokens {
     for (std::uint32_t t = t0; t < t1; ++t) {
       std::int32_t* ids = v.topk_ids + std::size_t{t} * v.top_k;
       if (v.call[1] == 0) {
-        for (std::uint32_t e = 0; e < v.experts; ++e) {
-          float acc = 0.0f;
-          for (std::uint32_t c = 0; c < v.hidden; ++c)
-            acc += __bfloat162float(v.x[std::size_t{t} * v.hidden + c]) *
-                   __bfloat162float(v.router_w[std::size_t{e} * v.hidden + c]);
-          logits[e] = acc;
-        }
+        logits_of(t, logits);
         score_logits(logits, v.experts, v.score);
         select_top_k(logits, v.experts, v.top_k, v.renormalize, ids,
                      v.topk_weights + std::size_t{t} * v.top_k);
@@ -105,188 +170,8 @@ struct RouteTokens {
     ctx.emit(encode_task(v.combine_type, BlockPayload{&v, block}));
   }
 
-#if defined(__CUDACC__)
-  // Logits on the tensor cores: the block's token rows are staged in shared memory (rows padded
-  // by kRouteRowPad bytes), and each warp computes an m16n8 tile of logits per 16 tokens for 8
-  // experts over a range of K with mma.m16n8k16, its router fragments loaded straight from
-  // global memory (one 16-byte load per lane per 32 columns, kRouterLoads of them in flight,
-  // through L2 only: the processor block's L1 is nearly all shared memory).
-  // The warps split K when there are fewer 8-expert tiles than warps; the partial sums are
-  // added in split order, so the logits do not depend on timing. One warp per token then
-  // scores and picks the top k (select_warp).
-  //
-  // Fragment layout: lane (g = lane / 4, c = lane % 4) loads columns 8c .. 8c+7 of a 32-column
-  // chunk, of router row g and of token rows g and g + 8. The two k16 steps of the chunk take
-  // columns {8c..8c+3} and {8c+4..8c+7}: a permutation of K applied to both operands alike,
-  // which leaves each dot product's terms unchanged.
-  __device__ static void router_logits(MoEView const& v, std::uint32_t t0, std::uint32_t n,
-                                       float* partial, unsigned char* xs) {
-    std::uint32_t const hidden = v.hidden, experts = v.experts;
-    std::uint32_t const stride = hidden * 2 + kRouteRowPad;  // bytes per staged row
-    bf16 const* __restrict__ const router_w = v.router_w;
-    uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * hidden);
-    std::uint32_t const row_chunks = hidden / 8, staged = n * row_chunks;
-    for (std::uint32_t i0 = threadIdx.x; i0 < staged; i0 += kStageLoads * blockDim.x) {
-      uint4 r[kStageLoads];
-#pragma unroll
-      for (std::uint32_t u = 0; u < kStageLoads; ++u)
-        if (i0 + u * blockDim.x < staged) r[u] = __ldcg(src + i0 + u * blockDim.x);
-#pragma unroll
-      for (std::uint32_t u = 0; u < kStageLoads; ++u) {
-        std::uint32_t const i = i0 + u * blockDim.x;
-        if (i < staged)
-          *reinterpret_cast<uint4*>(xs + (i / row_chunks) * stride + (i % row_chunks) * 16) = r[u];
-      }
-    }
-    __syncthreads();
-
-    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    std::uint32_t const g = lane / 4, c = lane % 4;
-    std::uint32_t const ntiles = (experts + 7) / 8;
-    std::uint32_t const ksplit = split_of(experts, warps);
-    std::uint32_t const chunks = hidden / 32;
-    std::uint32_t const per_split = (chunks + ksplit - 1) / ksplit;
-    std::uint32_t const mtiles = (n + 15) / 16;  // 1 or 2
-    // This lane's bytes in token rows g and g + 8 of each m-tile. Rows past n repeat row n - 1
-    // (their sums are never stored) so that no load leaves the staged rows.
-    std::uint32_t xrow[2][2];
-#pragma unroll
-    for (std::uint32_t mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (std::uint32_t h = 0; h < 2; ++h) {
-        std::uint32_t const row = mt * 16 + g + 8 * h;
-        xrow[mt][h] = (row < n ? row : n - 1) * stride + c * 16;
-      }
-    std::uint32_t const items = ntiles * ksplit;
-    for (std::uint32_t item = warp; item < items; item += warps) {
-      std::uint32_t const nt = item % ntiles, ks = item / ntiles;
-      std::uint32_t const e = nt * 8 + g;
-      std::uint32_t const c_begin = ks * per_split;
-      std::uint32_t const c_end = c_begin + per_split < chunks ? c_begin + per_split : chunks;
-      std::uint32_t const span = c_end > c_begin ? c_end - c_begin : 0;
-      uint4 const* const wrow =
-          reinterpret_cast<uint4 const*>(router_w + std::size_t{e < experts ? e : 0} * hidden) + c;
-      float acc[2][4] = {};
-      for (std::uint32_t j0 = 0; j0 < span; j0 += kRouterLoads) {
-        uint4 w[kRouterLoads];
-        std::uint32_t chunk[kRouterLoads];
-#pragma unroll
-        for (std::uint32_t u = 0; u < kRouterLoads; ++u) {
-          chunk[u] = c_begin + j0 + u;
-          w[u] = e < experts && j0 + u < span ? __ldcg(wrow + 4 * chunk[u]) : uint4{};
-        }
-#pragma unroll
-        for (std::uint32_t u = 0; u < kRouterLoads; ++u) {
-          if (j0 + u >= span) break;  // warp-uniform
-#pragma unroll
-          for (std::uint32_t mt = 0; mt < 2; ++mt) {
-            if (mt >= mtiles) break;
-            unsigned char const* const x0 = xs + chunk[u] * 64;
-            uint4 const lo = *reinterpret_cast<uint4 const*>(x0 + xrow[mt][0]);
-            uint4 const hi = *reinterpret_cast<uint4 const*>(x0 + xrow[mt][1]);
-            std::uint32_t const a0[4] = {lo.x, hi.x, lo.y, hi.y};
-            std::uint32_t const a1[4] = {lo.z, hi.z, lo.w, hi.w};
-            tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a0, w[u].x, w[u].y);
-            tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a1, w[u].z, w[u].w);
-          }
-        }
-      }
-      // Lane (g, c) holds rows g and g + 8 of each m-tile, experts nt * 8 + 2c and + 1.
-      float* const out = partial + std::size_t{ks} * n * experts;
-      std::uint32_t const col = nt * 8 + 2 * c;
-#pragma unroll
-      for (std::uint32_t mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (std::uint32_t h = 0; h < 2; ++h) {
-          std::uint32_t const row = mt * 16 + g + 8 * h;
-          if (mt >= mtiles || row >= n) continue;
-          if (col < experts) out[row * experts + col] = acc[mt][2 * h];
-          if (col + 1 < experts) out[row * experts + col + 1] = acc[mt][2 * h + 1];
-        }
-      }
-    }
-    __syncthreads();
-    if (ksplit > 1) {
-      for (std::uint32_t i = threadIdx.x; i < n * experts; i += blockDim.x) {
-        float sum = partial[i];
-        for (std::uint32_t ks = 1; ks < ksplit; ++ks) sum += partial[std::size_t{ks} * n * experts + i];
-        partial[i] = sum;
-      }
-    }
-  }
-
-  // True when (a, ia) ranks before (b, ib) in select_top_k's order: a real id before none, a
-  // number before NaN, the larger score first, the lower id among equals.
-  __device__ static bool ranks_before(float a, std::int32_t ia, float b, std::int32_t ib) {
-    if (ib < 0) return ia >= 0;
-    if (ia < 0) return false;
-    bool const na = a != a, nb = b != b;
-    if (na != nb) return nb;
-    if (!na && a != b) return a > b;
-    return ia < ib;
-  }
-
-  // score_logits and select_top_k for one token by one warp (the same order of picks; the
-  // softmax sum is added in another order): each lane scores experts lane, lane + 32, ... of the
-  // row in shared memory, then k rounds of a warp arg-max. Lane 0 writes ids and weights. (One
-  // thread per token would take most of the route task: k passes over E scores, each checking
-  // its candidates against the picks so far.)
-  __device__ static void select_warp(MoEView const& v, float* row, std::int32_t* ids,
-                                     float* weights) {
-    std::uint32_t const lane = threadIdx.x % 32, experts = v.experts;
-    if (v.score == RouterScore::sigmoid) {
-      for (std::uint32_t e = lane; e < experts; e += 32) row[e] = 1.0f / (1.0f + expf(-row[e]));
-    } else {
-      float max = row[0];
-      for (std::uint32_t e = lane; e < experts; e += 32) max = fmaxf(max, row[e]);
-      for (int offset = 16; offset > 0; offset /= 2)
-        max = fmaxf(max, __shfl_xor_sync(0xFFFFFFFFu, max, offset));
-      float sum = 0.0f;
-      for (std::uint32_t e = lane; e < experts; e += 32) sum += (row[e] = expf(row[e] - max));
-      for (int offset = 16; offset > 0; offset /= 2)
-        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
-      for (std::uint32_t e = lane; e < experts; e += 32) row[e] /= sum;
-    }
-    std::int32_t picked[kMaxTopK];
-    float picked_score[kMaxTopK];
-#pragma unroll
-    for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
-      if (j >= v.top_k) break;
-      std::int32_t best = -1;
-      float best_score = 0.0f;
-      for (std::uint32_t e = lane; e < experts; e += 32) {
-        bool taken = false;
-#pragma unroll
-        for (std::uint32_t i = 0; i < kMaxTopK; ++i)
-          taken |= i < j && picked[i] == static_cast<std::int32_t>(e);
-        if (!taken && ranks_before(row[e], static_cast<std::int32_t>(e), best_score, best)) {
-          best = static_cast<std::int32_t>(e);
-          best_score = row[e];
-        }
-      }
-      for (int offset = 16; offset > 0; offset /= 2) {
-        std::int32_t const other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
-        float const other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, offset);
-        if (ranks_before(other_score, other, best_score, best)) {
-          best = other;
-          best_score = other_score;
-        }
-      }
-      picked[j] = best;
-      picked_score[j] = best_score;
-    }
-    if (lane != 0) return;
-    float sum = 0.0f;
-    if (v.renormalize)
-      for (std::uint32_t j = 0; j < v.top_k; ++j) sum += picked_score[j];
-    for (std::uint32_t j = 0; j < v.top_k; ++j) {
-      ids[j] = picked[j];
-      weights[j] = v.renormalize ? picked_score[j] / sum : picked_score[j];
-    }
-  }
-
-  // K-splits of the router for `warps` warps, within kRouteSplitColumns partial columns: the
-  // split that gives the busiest warp the least of the router to stream. A warp takes
+  // Route segments for `warps` warps, within kRouteSplitColumns partial columns: the split of K
+  // that gives the busiest warp the least of the router to stream. A warp takes
   // ceil(tiles x k / warps) items of 1/k of K each, so 8 tiles on 12 warps split K in 3 (each warp
   // streams 2/3 of a tile's share), where 1 or 2 leave the busiest warp a whole share.
   LOOM_HD static std::uint32_t split_of(std::uint32_t experts, std::uint32_t warps) {
@@ -302,32 +187,381 @@ struct RouteTokens {
     return best;
   }
 
+#if defined(__CUDACC__)
+  // Logits on the tensor cores: the block's token rows (the chunks [c_lo, c_hi) it needs) are
+  // staged in shared memory, rows padded by kRouteRowPad bytes, and a warp computes an m16n8
+  // tile of dot products per 16 tokens for 8 experts over one router slice with
+  // mma.m16n8k16, its router fragments loaded straight from global memory (one 16-byte load per
+  // lane per 32 columns, a slice's kRouteSliceChunks loads in flight, through L2 only: the
+  // processor block's L1 is nearly all shared memory). Slices are summed in the order of
+  // view.hpp whoever computes them, so the logits depend neither on timing nor on the spread.
+  //
+  // Fragment layout: lane (g = lane / 4, c = lane % 4) loads columns 8c .. 8c+7 of a 32-column
+  // chunk, of router row g and of token rows g and g + 8. The two k16 steps of the chunk take
+  // columns {8c..8c+3} and {8c+4..8c+7}: a permutation of K applied to both operands alike,
+  // which leaves each dot product's terms unchanged.
+  static_assert(kRouteSliceChunks <= kRouterLoads, "a slice is one batch of router loads");
+
+  struct StagedRows {
+    unsigned char* xs;
+    std::uint32_t stride;      // bytes per staged row
+    std::uint32_t c_lo;        // first chunk staged
+    std::uint32_t n, mtiles;   // tokens, and m16 tiles over them (1 or 2)
+    std::uint32_t xrow[2][2];  // this lane's bytes in rows g and g + 8 of each m-tile
+  };
+
+  __device__ static StagedRows stage_rows(MoEView const& v, std::uint32_t t0, std::uint32_t n,
+                                          std::uint32_t c_lo, std::uint32_t c_hi,
+                                          unsigned char* xs) {
+    StagedRows r;
+    r.xs = xs;
+    r.stride = (c_hi - c_lo) * 64 + kRouteRowPad;
+    r.c_lo = c_lo;
+    r.n = n;
+    r.mtiles = (n + 15) / 16;
+    std::uint32_t const row_chunks = (c_hi - c_lo) * 4, staged = n * row_chunks;  // 16-byte chunks
+    uint4 const* const src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden);
+    std::uint32_t const src_stride = v.hidden / 8;
+    for (std::uint32_t i0 = threadIdx.x; i0 < staged; i0 += kStageLoads * blockDim.x) {
+      uint4 w[kStageLoads];
+#pragma unroll
+      for (std::uint32_t u = 0; u < kStageLoads; ++u) {
+        std::uint32_t const i = i0 + u * blockDim.x < staged ? i0 + u * blockDim.x : staged - 1;
+        std::uint32_t const row = i / row_chunks;
+        w[u] = __ldcg(src + row * src_stride + c_lo * 4 + (i - row * row_chunks));
+      }
+#pragma unroll
+      for (std::uint32_t u = 0; u < kStageLoads; ++u) {
+        std::uint32_t const i = i0 + u * blockDim.x;
+        if (i < staged)
+          *reinterpret_cast<uint4*>(xs + (i / row_chunks) * r.stride + (i % row_chunks) * 16) =
+              w[u];
+      }
+    }
+    // Rows past n repeat row n - 1 (their sums are never stored) so that no load leaves the
+    // staged rows.
+    std::uint32_t const g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+#pragma unroll
+    for (std::uint32_t mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (std::uint32_t h = 0; h < 2; ++h) {
+        std::uint32_t const row = mt * 16 + g + 8 * h;
+        r.xrow[mt][h] = (row < n ? row : n - 1) * r.stride + c * 16;
+      }
+    return r;
+  }
+
+  // acc = the dot products of router slice s for expert tile nt (this lane's fragment), from
+  // zero. Warp-uniform.
+  __device__ static void slice_mma(MoEView const& v, StagedRows const& x, std::uint32_t nt,
+                                   std::uint32_t s, float (&acc)[2][4]) {
+    std::uint32_t const lane = threadIdx.x % 32, e = nt * 8 + lane / 4;
+    std::uint32_t const first = slice_first_chunk(s), span = slice_end_chunk(v, s) - first;
+    uint4 const* const wrow =
+        reinterpret_cast<uint4 const*>(v.router_w + std::size_t{e < v.experts ? e : 0} * v.hidden) +
+        lane % 4;
+#pragma unroll
+    for (std::uint32_t mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (std::uint32_t i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
+    uint4 w[kRouteSliceChunks];
+#pragma unroll
+    for (std::uint32_t u = 0; u < kRouteSliceChunks; ++u)
+      w[u] = e < v.experts && u < span ? __ldcg(wrow + 4 * (first + u)) : uint4{};
+#pragma unroll
+    for (std::uint32_t u = 0; u < kRouteSliceChunks; ++u) {
+      if (u >= span) break;
+      unsigned char const* const x0 = x.xs + (first + u - x.c_lo) * 64;
+#pragma unroll
+      for (std::uint32_t mt = 0; mt < 2; ++mt) {
+        if (mt >= x.mtiles) break;
+        uint4 const lo = *reinterpret_cast<uint4 const*>(x0 + x.xrow[mt][0]);
+        uint4 const hi = *reinterpret_cast<uint4 const*>(x0 + x.xrow[mt][1]);
+        std::uint32_t const a0[4] = {lo.x, hi.x, lo.y, hi.y};
+        std::uint32_t const a1[4] = {lo.z, hi.z, lo.w, hi.w};
+        tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a0, w[u].x, w[u].y);
+        tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a1, w[u].z, w[u].w);
+      }
+    }
+  }
+
+  // Stores a warp's m16n8 tiles (rows g and g + 8 of each m-tile, experts nt * 8 + 2c and + 1)
+  // at out[row * row_stride + expert].
+  __device__ static void store_tile(float const (&acc)[2][4], std::uint32_t nt, std::uint32_t n,
+                                    std::uint32_t experts, float* out, std::size_t row_stride) {
+    std::uint32_t const lane = threadIdx.x % 32, g = lane / 4, col = nt * 8 + 2 * (lane % 4);
+#pragma unroll
+    for (std::uint32_t mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (std::uint32_t h = 0; h < 2; ++h) {
+        std::uint32_t const row = mt * 16 + g + 8 * h;
+        if (row >= n) continue;
+        if (col < experts) out[row * row_stride + col] = acc[mt][2 * h];
+        if (col + 1 < experts) out[row * row_stride + col + 1] = acc[mt][2 * h + 1];
+      }
+  }
+
+  // The logits of tokens [t0, t0 + n) into logits[n][experts], the whole router in one task.
+  // Warps take (expert tile, segment) items, sum the segment's slices in registers and store the
+  // segment's sums at partial[segment]; the segments are then added in order into segment 0.
+  __device__ static void router_logits(MoEView const& v, std::uint32_t t0, std::uint32_t n,
+                                       float* partial, unsigned char* xs) {
+    StagedRows const x = stage_rows(v, t0, n, 0, v.hidden / 32, xs);
+    __syncthreads();
+    std::uint32_t const warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    std::uint32_t const experts = v.experts, ntiles = (experts + 7) / 8;
+    std::uint32_t const segments = v.route_segments;
+    for (std::uint32_t item = warp; item < ntiles * segments; item += warps) {
+      std::uint32_t const nt = item % ntiles, q = item / ntiles;
+      float segment[2][4] = {};
+      for (std::uint32_t s = segment_first_slice(v, q); s < segment_first_slice(v, q + 1); ++s) {
+        float dot[2][4];
+        slice_mma(v, x, nt, s, dot);
+#pragma unroll
+        for (std::uint32_t mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (std::uint32_t i = 0; i < 4; ++i) segment[mt][i] += dot[mt][i];
+      }
+      store_tile(segment, nt, n, experts, partial + std::size_t{q} * n * experts, experts);
+    }
+    __syncthreads();
+    for (std::uint32_t i = threadIdx.x; segments > 1 && i < n * experts; i += blockDim.x) {
+      float sum = partial[i];
+      for (std::uint32_t q = 1; q < segments; ++q) sum += partial[std::size_t{q} * n * experts + i];
+      partial[i] = sum;
+    }
+  }
+
+  // One part of a spread group: the dot products of its slices for tokens [t0, t0 + n), to
+  // route_partial. Returns true in the part that finished last, which has summed all slices
+  // into logits[n][experts].
+  __device__ static bool router_part_logits(MoEView const& v, std::uint32_t group,
+                                            std::uint32_t part, std::uint32_t t0, std::uint32_t n,
+                                            float* logits, unsigned char* xs) {
+    std::uint32_t const s0 = part * v.route_part_slices;
+    std::uint32_t const s1 = min(s0 + v.route_part_slices, v.route_slices);
+    StagedRows const x =
+        stage_rows(v, t0, n, slice_first_chunk(s0), slice_end_chunk(v, s1 - 1), xs);
+    __syncthreads();
+    std::uint32_t const warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    std::uint32_t const experts = v.experts, ntiles = (experts + 7) / 8;
+    for (std::uint32_t item = warp; item < ntiles * (s1 - s0); item += warps) {
+      std::uint32_t const nt = item % ntiles, s = s0 + item / ntiles;
+      float dot[2][4];
+      slice_mma(v, x, nt, s, dot);
+      store_tile(dot, nt, n, experts, v.route_partial + partial_index(v, s, t0, 0), experts);
+    }
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      last = fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 == v.route_parts;
+      if (last) store_relaxed(v.route_arrived[group], 0u);
+    }
+    __syncthreads();
+    if (!last) return false;
+    sum_parts(v, t0, n, logits, xs);
+    return true;
+  }
+
+  // The last part of a group: logits[n][experts] from every slice's dot products, added in the
+  // order of in_segment_order. Rounds of as many slices as fit in `scratch` (the rest of the
+  // task's shared memory) are copied with all loads in flight, then each thread adds them for its
+  // outputs, keeping the open segment's sum in scratch. (Summing straight from memory, each
+  // output's slices came one round trip after another.)
+  __device__ static void sum_parts(MoEView const& v, std::uint32_t t0, std::uint32_t n,
+                                   float* logits, unsigned char* scratch_bytes) {
+    std::uint32_t const outputs = n * v.experts;
+    float* const segment = reinterpret_cast<float*>(scratch_bytes);
+    float* const staged = segment + (outputs + 3) / 4 * 4;
+    std::size_t const room =
+        kRouteSharedBytes -
+        (reinterpret_cast<unsigned char*>(staged) - reinterpret_cast<unsigned char*>(logits)) - 16;
+    std::uint32_t const per_round = max(1u, static_cast<std::uint32_t>(room / (outputs * 4u)));
+    std::size_t const slice_stride = std::size_t{v.max_tokens} * v.experts;
+    float const* const first = v.route_partial + partial_index(v, 0, t0, 0);
+    // The view's fields in registers: the shared-memory stores below could otherwise alias them.
+    std::uint32_t const slices = v.route_slices, segments = v.route_segments;
+    bool const by_16 = v.experts % 4 == 0;
+    auto const segment_first = [&](std::uint32_t i) {
+      return segment_first_slice(slices, segments, i);
+    };
+    // Each slice's place in its segment, once: bit 0 opens a segment, bit 1 closes it, bit 2
+    // closes segment 0.
+    __shared__ std::uint8_t role[kMaxRouteSlices];
+    for (std::uint32_t s = threadIdx.x; s < slices; s += blockDim.x) {
+      std::uint32_t q = 0;
+      while (s >= segment_first(q + 1)) ++q;
+      role[s] =
+          static_cast<std::uint8_t>((s == segment_first(q) ? 1 : 0) |
+                                    (s + 1 == segment_first(q + 1) ? 2 : 0) | (q == 0 ? 4 : 0));
+    }
+    for (std::uint32_t s0 = 0; s0 < slices; s0 += per_round) {
+      std::uint32_t const count = min(per_round, slices - s0);
+      if (by_16)  // rows of float4: each slice's block is 16-byte aligned
+        copy_slices(reinterpret_cast<float4*>(staged),
+                    reinterpret_cast<float4 const*>(first + s0 * slice_stride), count, outputs / 4,
+                    slice_stride / 4);
+      else
+        copy_slices(staged, first + s0 * slice_stride, count, outputs, slice_stride);
+      __syncthreads();
+      // Per output, the round's slices in order with the open segment's sum and the logit in
+      // registers (a value left open at the end of a round waits in `segment`).
+      for (std::uint32_t i = threadIdx.x; i < outputs; i += blockDim.x) {
+        float open = segment[i], logit = logits[i];
+        for (std::uint32_t s = s0; s < s0 + count; ++s) {
+          std::uint32_t const r = role[s];
+          float const sum = ((r & 1) ? 0.0f : open) + staged[(s - s0) * outputs + i];
+          if (!(r & 2))
+            open = sum;
+          else
+            logit = (r & 4) ? sum : logit + sum;
+        }
+        segment[i] = open;
+        logits[i] = logit;
+      }
+      __syncthreads();
+    }
+  }
+
+  // `count` blocks of `each` elements, `stride` apart in memory, to dst back to back, through L2
+  // (other parts wrote them in this launch). 16-byte elements go by cp.async.cg, all in flight
+  // at once; loads into registers came back a few at a time (ptxas stored each before the next
+  // load). Other elements go through registers.
+  template <class T>
+  __device__ static void copy_slices(T* dst, T const* src, std::uint32_t count, std::uint32_t each,
+                                     std::size_t stride) {
+    std::uint32_t const total = count * each;
+    for (std::uint32_t i = threadIdx.x; i < total; i += blockDim.x) {
+      std::uint32_t const b = i / each;
+      T const* const from = src + b * stride + (i - b * each);
+      if constexpr (sizeof(T) == 16)
+        __pipeline_memcpy_async(dst + i, from, 16);
+      else
+        dst[i] = __ldcg(from);
+    }
+    if constexpr (sizeof(T) == 16) {
+      __pipeline_commit();
+      __pipeline_wait_prior(0);
+    }
+  }
+
+  // A score's rank in select_top_k's order as an unsigned key, larger first: a number (scores
+  // are >= 0: softmax or sigmoid) its bits + 2, NaN 1; 0 is left for none. Among equal keys the
+  // lower id ranks first.
+  __device__ static std::uint32_t rank_key(float score) {
+    return score != score ? 1u : __float_as_uint(score) + 2u;
+  }
+
+  // score_logits and select_top_k for one token by one warp (the same order of picks; the
+  // softmax sum is added in another order): each lane scores experts lane, lane + 32, ... of the
+  // row in shared memory, then k rounds of a warp arg-max. Every lane returns the picks in
+  // `picked`; lane 0 writes ids and weights. (One thread per token would take most of the route
+  // task: k passes over E scores, each checking its candidates against the picks so far.)
+  __device__ static void select_warp(MoEView const& v, float* row, std::int32_t* ids,
+                                     float* weights, std::int32_t (&picked)[kMaxTopK]) {
+    // The view's fields in registers: the stores below could otherwise alias them.
+    std::uint32_t const lane = threadIdx.x % 32, experts = v.experts, top_k = v.top_k;
+    bool const renormalize = v.renormalize;
+    if (v.score == RouterScore::sigmoid) {
+      for (std::uint32_t e = lane; e < experts; e += 32) row[e] = 1.0f / (1.0f + expf(-row[e]));
+    } else {
+      float max = row[0];
+      for (std::uint32_t e = lane; e < experts; e += 32) max = fmaxf(max, row[e]);
+      for (int offset = 16; offset > 0; offset /= 2)
+        max = fmaxf(max, __shfl_xor_sync(0xFFFFFFFFu, max, offset));
+      float sum = 0.0f;
+      for (std::uint32_t e = lane; e < experts; e += 32) sum += (row[e] = expf(row[e] - max));
+      for (int offset = 16; offset > 0; offset /= 2)
+        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+      for (std::uint32_t e = lane; e < experts; e += 32) row[e] /= sum;
+    }
+    // k rounds of a warp arg-max over keys in select_top_k's order (rank_key). Lane l owns
+    // experts l, l + 32, ...; bit m of `taken` marks expert l + 32m as picked.
+    float picked_score[kMaxTopK];
+    std::uint32_t taken = 0;
+#pragma unroll
+    for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
+      if (j >= top_k) break;
+      std::uint32_t best_key = 0, best = ~0u;
+      for (std::uint32_t m = 0, e = lane; e < experts; ++m, e += 32) {
+        std::uint32_t const key = (taken >> m) & 1u ? 0u : rank_key(row[e]);
+        if (key > best_key) best_key = key, best = e;
+      }
+      std::uint32_t const top = __reduce_max_sync(0xFFFFFFFFu, best_key);
+      std::uint32_t const id = __reduce_min_sync(0xFFFFFFFFu, best_key == top ? best : ~0u);
+      if (top == 0) {  // nothing left to pick
+        picked[j] = -1;
+        picked_score[j] = 0.0f;
+        continue;
+      }
+      if (id % 32 == lane) taken |= 1u << (id / 32);
+      picked[j] = static_cast<std::int32_t>(id);
+      picked_score[j] = row[id];
+    }
+    if (lane != 0) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (std::uint32_t j = 0; j < kMaxTopK; ++j)
+      if (renormalize && j < top_k) sum += picked_score[j];
+#pragma unroll
+    for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
+      if (j >= top_k) break;
+      ids[j] = picked[j];
+      weights[j] = renormalize ? picked_score[j] / sum : picked_score[j];
+    }
+  }
+
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
-    route_device(v, p.block * v.route_blocks, v.route_blocks, ctx);
+    std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
+    if (v.route_parts > 1 && v.call[1] == 0) return route_part_device(v, group, part, ctx);
+    if (part == 0) route_device(v, group * v.route_blocks, v.route_blocks, ctx);
   }
 
   // Routes token blocks [first, first + blocks), at most kMaxTokenBlock tokens (those within
-  // this call's tokens). Whole block.
+  // this call's tokens), the whole router in this task. Whole block.
   __device__ static void route_device(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
                                       TaskContext& ctx) {
-    std::uint32_t const tokens = v.call[0], token_block = v.token_block;
-    std::uint32_t const t0 = first * token_block;
+    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const t0 = first * v.token_block;
     if (t0 >= tokens) return;
-    std::uint32_t const span = blocks * token_block;
-    std::uint32_t const n = tokens - t0 < span ? tokens - t0 : span;
+    std::uint32_t const n = min(tokens - t0, blocks * v.token_block);
     auto* const smem = static_cast<unsigned char*>(ctx.shared_memory());
-    // [split][n][experts] partial logits (split 0: the logits), then the staged token rows.
+    // [segment][n][experts] partial logits (segment 0: the logits), then the staged token rows.
     float* const logits = reinterpret_cast<float*>(smem);
-    std::size_t const logit_bytes =
-        std::size_t{split_of(v.experts, blockDim.x / 32)} * n * v.experts * sizeof(float);
-    unsigned char* const xs = smem + (logit_bytes + 15) / 16 * 16;
+    std::size_t const logit_bytes = std::size_t{v.route_segments} * n * v.experts * sizeof(float);
+    bool const given = v.call[1] != 0;
+    if (!given) router_logits(v, t0, n, logits, smem + (logit_bytes + 15) / 16 * 16);
+    pick_experts(v, first, blocks, t0, n, logits, ctx);
+  }
+
+  // A part of a spread group (route_parts > 1, fused router); the last part picks the experts.
+  __device__ static void route_part_device(MoEView const& v, std::uint32_t group,
+                                           std::uint32_t part, TaskContext& ctx) {
+    std::uint32_t const tokens = v.call[0], first = group * v.route_blocks;
+    std::uint32_t const t0 = first * v.token_block;
+    if (t0 >= tokens) return;
+    std::uint32_t const n = min(tokens - t0, v.route_blocks * v.token_block);
+    auto* const smem = static_cast<unsigned char*>(ctx.shared_memory());
+    float* const logits = reinterpret_cast<float*>(smem);  // [n][experts], then the staged rows
+    std::size_t const logit_bytes = std::size_t{n} * v.experts * sizeof(float);
+    if (router_part_logits(v, group, part, t0, n, logits, smem + (logit_bytes + 15) / 16 * 16))
+      pick_experts(v, first, v.route_blocks, t0, n, logits, ctx);
+  }
+
+  // Tokens [t0, t0 + n) of blocks [first, first + blocks): top-k from logits[n][experts] (fused
+  // router) or the caller's routing checked; then the expert counts, each block's pair count,
+  // and the combine of a block with no pair. Whole block.
+  __device__ static void pick_experts(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
+                                      std::uint32_t t0, std::uint32_t n, float* logits,
+                                      TaskContext& ctx) {
+    std::uint32_t const tokens = v.call[0], token_block = v.token_block;
     __shared__ std::uint32_t pairs[kMaxTokenBlock];  // per token block
     __shared__ bool failed;
     for (std::uint32_t b = threadIdx.x; b < blocks; b += blockDim.x) pairs[b] = 0;
     if (threadIdx.x == 0) failed = false;
     bool const given = v.call[1] != 0;
-    if (!given) router_logits(v, t0, n, logits, xs);
     __syncthreads();
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     std::uint32_t* const counts = v.counts;
@@ -335,7 +569,8 @@ struct RouteTokens {
       std::uint32_t const token = t0 + t;
       std::int32_t* ids = v.topk_ids + std::size_t{token} * v.top_k;
       float* weights = v.topk_weights + std::size_t{token} * v.top_k;
-      if (!given) select_warp(v, logits + t * v.experts, ids, weights);
+      std::int32_t picked[kMaxTopK];
+      if (!given) select_warp(v, logits + t * v.experts, ids, weights, picked);
       __syncwarp();
       if (lane != 0) continue;
       if (given) {
@@ -346,10 +581,14 @@ struct RouteTokens {
           continue;
         }
       }
+      // The ids from registers: read back from memory, each waits for its store.
       std::uint32_t routed = 0;
-      for (std::uint32_t j = 0; j < v.top_k; ++j) {
-        if (ids[j] < 0) continue;
-        atomicAdd(&counts[ids[j]], 1u);
+#pragma unroll
+      for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
+        if (j >= v.top_k) break;
+        std::int32_t const e = given ? ids[j] : picked[j];
+        if (e < 0) continue;
+        atomicAdd(&counts[e], 1u);
         ++routed;
       }
       atomicAdd(&pairs[t / token_block], routed);

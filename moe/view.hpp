@@ -7,7 +7,8 @@
 //   plan    (one task, after every route): offsets, tiles per expert; gives back unused bound
 //   gather  (per token block, after plan): copies each token row to its expert's pool rows; the
 //           last row of an M-tile to arrive emits that tile's up-projection tasks
-//   up      (per M-tile x N-tile, a tensor-core GEMM tile): act(x_e · W1_e) into h; the last N-tile of an M-tile emits
+//   up      (per M-tile x N-tile, a tensor-core GEMM tile): act(x_e · W1_e) into h; the last N-tile
+//   of an M-tile emits
 //           its down-projection tasks
 //   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32); the last arrival
 //           for a token block emits its combine
@@ -66,6 +67,17 @@ inline std::uint32_t route_blocks_for(std::uint32_t max_tokens, std::uint32_t to
   return tokens / token_block;
 }
 
+// The router's K in slices of kRouteSliceChunks 32-column chunks, and the slices in
+// route_segments runs of consecutive slices. A logit is the in-order sum of its segments' sums,
+// each the in-order sum of its slices' dot products (each from zero). That order depends on
+// hidden and experts alone, so the routing is bitwise the same whichever tasks compute which
+// slices: one route task per token group, or (few groups) a group's slices spread over parts.
+inline constexpr std::uint32_t kRouteSliceChunks = 8;
+inline constexpr std::uint32_t kMaxRouteSlices = 256;  // spread groups: hidden up to 65536
+inline constexpr std::uint32_t kRouteWarps = 12;  // warps of a route task's block (the pipeline's)
+// A spread route group: 32 tokens (two m16 tiles of logits).
+inline constexpr std::uint32_t kRouteGroupTokens = 32;
+
 struct MoEView {
   // Shape (fixed at construction).
   std::uint32_t hidden, ffn, experts, top_k;
@@ -75,7 +87,11 @@ struct MoEView {
   std::uint32_t token_block;           // tokens per gather / combine task (a token block)
   std::uint32_t route_blocks;          // token blocks per route task
   std::uint32_t max_tokens, max_blocks, max_mtiles;
-  std::uint32_t max_routes;            // route tasks: max_blocks / route_blocks, rounded up
+  std::uint32_t max_routes;         // route groups: max_blocks / route_blocks, rounded up
+  std::uint32_t route_slices;       // router K slices (kRouteSliceChunks chunks each)
+  std::uint32_t route_segments;     // runs of slices summed apart, then in order
+  std::uint32_t route_parts;        // route tasks per group: 1, or parts that split its slices
+  std::uint32_t route_part_slices;  // slices per part (route_parts > 1)
   Activation activation;
   RouterScore score;
   bool renormalize;
@@ -105,6 +121,10 @@ struct MoEView {
   std::uint32_t* tile_base;      // [E + 1] first M-tile of each expert
   std::uint32_t* fill;           // [E] rows gathered so far; lowered by plan
   std::uint32_t* block_pairs;    // [max_blocks] routed pairs per token block
+  // Spread route groups (route_parts > 1): each slice's dot products, and the parts finished
+  // per group (lowered by the last, which sums the slices and picks the experts).
+  float* route_partial;          // [route_slices][max_tokens][experts]
+  std::uint32_t* route_arrived;  // [max_routes]
 
   // Expert pools.
   bf16* pool;                 // [T*k][H] gathered token rows
@@ -117,6 +137,26 @@ struct MoEView {
   std::uint32_t* up_done;       // [max_mtiles] finished up-projection N-tiles per M-tile
   std::uint32_t* block_done;    // [max_blocks] finished (row, down N-tile) pairs per token block
 };
+
+// Slices [first, end) of route segment q, and the chunks [first, end) of slice s.
+LOOM_HD inline std::uint32_t segment_first_slice(std::uint32_t slices, std::uint32_t segments,
+                                                 std::uint32_t q) {
+  return q * slices / segments;
+}
+LOOM_HD inline std::uint32_t segment_first_slice(MoEView const& v, std::uint32_t q) {
+  return segment_first_slice(v.route_slices, v.route_segments, q);
+}
+LOOM_HD inline std::uint32_t slice_first_chunk(std::uint32_t s) {
+  return s * kRouteSliceChunks;
+}
+LOOM_HD inline std::uint32_t slice_end_chunk(MoEView const& v, std::uint32_t s) {
+  std::uint32_t const end = (s + 1) * kRouteSliceChunks, chunks = v.hidden / 32;
+  return end < chunks ? end : chunks;
+}
+// Elements of the spread route's slice sums (0 when routes are not spread).
+inline std::size_t route_partial_size(MoEView const& v) {
+  return v.route_parts > 1 ? std::size_t{v.route_slices} * v.max_tokens * v.experts : 0;
+}
 
 // Payload of the per-token-block tasks (route, gather, combine).
 struct BlockPayload {

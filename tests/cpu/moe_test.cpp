@@ -8,8 +8,10 @@
 #include <random>
 
 #include "moe/cpu_layer.hpp"
+#include "moe/pipeline.hpp"
 #include "moe/reference.hpp"
 #include "moe/view.hpp"
+#include "tests/moe_checks.hpp"
 
 namespace {
 
@@ -217,6 +219,32 @@ TEST(CpuMoE, SameInputsGiveBitwiseSameOutput) {
   for (int i = 0; i < 3; ++i) {
     stirred.forward(x.data(), 100, b.data());
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16))) << "call " << i;
+  }
+}
+
+// With few route groups, each group's router slices are spread over several route tasks and the
+// last one sums them. The routing matches the float64 scores, and routing and output are bitwise
+// those of a layer whose route tasks each read the whole router (many groups).
+TEST(CpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
+  MoEConfig few = small_config(Activation::swiglu, 16, 4);
+  few.hidden = 1024;
+  few.max_tokens = 96;
+  MoEConfig many = few;
+  many.max_tokens = 4096;
+  ASSERT_GT(make_view_shape(few, choose_expert_gemms(few)).route_parts, 1u);
+  ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many)).route_parts, 1u);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(few, seed);
+  CpuMoELayer spread(few, w), whole(many, w);
+  for (std::uint32_t tokens : {90u, 1u, 96u}) {
+    auto const x = random_tokens(few, tokens, seed + tokens);
+    auto a = poisoned(std::size_t{tokens} * few.hidden), b = a;
+    spread.forward(x.data(), tokens, a.data());
+    whole.forward(x.data(), tokens, b.data());
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    checks::expect_matches_reference(few, w, x, tokens, spread, a);
+    checks::expect_bitwise_equal(spread, a, whole, b);
   }
 }
 

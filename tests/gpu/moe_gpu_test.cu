@@ -7,9 +7,11 @@
 #include <random>
 
 #include "moe/gpu_layer.cuh"
+#include "moe/pipeline.hpp"
 #include "moe/reference.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/moe_test_util.cuh"
+#include "tests/moe_checks.hpp"
 
 namespace {
 
@@ -61,6 +63,35 @@ INSTANTIATE_TEST_SUITE_P(
         Case{config(Activation::relu, RouterScore::softmax, 192, 128, 6, 6, 100), 77},
         Case{config(Activation::swiglu, RouterScore::sigmoid, 512, 256, 64, 8, 256), 200},
         Case{config(Activation::swiglu, RouterScore::softmax, 128, 128, 4, 2, 64), 1}));
+
+// With few route groups each group's router slices are spread over several route tasks, the last
+// of which sums them: the routing matches the float64 scores, and routing and output are bitwise
+// those of a layer whose route tasks each read the whole router.
+TEST(GpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const few = config(Activation::swiglu, RouterScore::softmax, 1024, 256, 64, 8, 128);
+  MoEConfig many = few;
+  many.max_tokens = 4096;
+  ASSERT_GT(make_view_shape(few, choose_expert_gemms(few)).route_parts, 1u);
+  ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many)).route_parts, 1u);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(few, seed);
+  GpuMoELayer spread(few, w), whole(many, w);
+  for (std::uint32_t tokens : {128u, 45u, 1u}) {
+    auto const x = random_tokens(few, tokens, seed + tokens);
+    loom::DeviceBuffer<bf16> dx(x), da(std::size_t{tokens} * few.hidden), db(da.size());
+    da.fill_bytes(0xFF);
+    db.fill_bytes(0xFF);
+    spread.forward(dx.get(), tokens, da.get());
+    spread.check();
+    whole.forward(dx.get(), tokens, db.get());
+    whole.check();
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    checks::expect_matches_reference(few, w, x, tokens, spread, da.download());
+    checks::expect_bitwise_equal(spread, da.download(), whole, db.download());
+  }
+}
 
 TEST(GpuMoE, SkewedCallerRoutingMatchesReference) {
   LOOM_REQUIRE_GPU();

@@ -1,0 +1,41 @@
+// Checks the CPU and GPU MoE suites share: a call's routing and output against the float64
+// reference, and two layers' calls against each other, bit for bit.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "moe/reference.hpp"
+
+namespace loom::moe::checks {
+
+// The layer's last call on x (tokens rows): routing against the float64 scores, output within
+// 1e-2 of the float64 layer run on that routing.
+template <class Layer>
+void expect_matches_reference(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
+                              std::uint32_t tokens, Layer const& layer,
+                              std::vector<bf16> const& out) {
+  auto const ids = layer.topk_ids();
+  auto const wts = layer.topk_weights();
+  auto const scores = reference_scores(c, w, x.data(), tokens);
+  EXPECT_EQ(check_routing(c, scores, tokens, ids.data(), wts.data(), 1e-3), "") << tokens;
+  auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+  EXPECT_LT(relative_error(out, ref), 1e-2) << tokens;
+}
+
+// The last calls of a and b routed bitwise alike and gave bitwise the same output.
+template <class Layer>
+void expect_bitwise_equal(Layer const& a, std::vector<bf16> const& out_a, Layer const& b,
+                          std::vector<bf16> const& out_b) {
+  auto const ids_a = a.topk_ids(), ids_b = b.topk_ids();
+  auto const wts_a = a.topk_weights(), wts_b = b.topk_weights();
+  ASSERT_EQ(ids_a.size(), ids_b.size());
+  ASSERT_EQ(out_a.size(), out_b.size());
+  EXPECT_EQ(0, std::memcmp(ids_a.data(), ids_b.data(), ids_a.size() * sizeof(ids_a[0])));
+  EXPECT_EQ(0, std::memcmp(wts_a.data(), wts_b.data(), wts_a.size() * sizeof(wts_a[0])));
+  EXPECT_EQ(0, std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(bf16)));
+}
+
+}  // namespace loom::moe::checks
