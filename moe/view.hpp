@@ -39,14 +39,16 @@ inline std::size_t route_bytes_per_token(std::uint32_t hidden, std::uint32_t exp
 }
 
 // Tokens per route / gather / combine task: at most kMaxTokenBlock, fewer for small batches so
-// that those tasks still spread over the GPU, and few enough that a block's staging fits the
-// route task's shared memory (kRouteSharedBytes, less 16 bytes of alignment).
+// that there are still kMinTokenBlocks of those tasks (about one per SM: a second wave of short
+// gathers costs more in scheduling than it spreads), and few enough that a block's staging fits
+// the route task's shared memory (kRouteSharedBytes, less 16 bytes of alignment).
 inline constexpr std::uint32_t kMaxTokenBlock = 32;
+inline constexpr std::uint32_t kMinTokenBlocks = 128;
 inline std::uint32_t token_block_for(std::uint32_t max_tokens, std::uint32_t hidden,
                                      std::uint32_t experts) {
   std::size_t const per_token_bytes = route_bytes_per_token(hidden, experts);
   std::uint32_t b = 1;
-  while (b < kMaxTokenBlock && max_tokens / (2 * b) >= 256 &&
+  while (b < kMaxTokenBlock && max_tokens / (2 * b) >= kMinTokenBlocks &&
          2 * b * per_token_bytes + 16 <= kRouteSharedBytes)
     b *= 2;
   return b;
