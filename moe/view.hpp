@@ -29,7 +29,7 @@ using bf16 = __nv_bfloat16;
 
 // The route task's shared memory per token: the token's row, padded by kRouteRowPad bytes so that
 // the tensor-core fragment loads of consecutive rows fall in different banks, and its logits,
-// once per K-split of the router (at most kRouteSplitColumns partial columns in all).
+// once per route segment (at most kRouteSplitColumns partial columns in all).
 inline constexpr std::uint32_t kRouteRowPad = 64;
 inline constexpr std::uint32_t kRouteSplitColumns = 192;
 inline constexpr std::uint32_t kRouteSharedBytes = 160 * 1024;
