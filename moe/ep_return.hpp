@@ -28,19 +28,14 @@ struct RemoteSlotSink {
     }
   }
 #if defined(__CUDACC__)
-  __device__ static void deliver(tasks::gemm::StagedTile const& t,
-                                 tasks::gemm::GemmOperands const&, TaskContext& ctx,
-                                 unsigned thread) {
+  __device__ static void deliver(tasks::gemm::StagedTile const& t, tasks::gemm::GemmOperands const&,
+                                 TaskContext& ctx, unsigned thread) {
     EpView const& ep = *reinterpret_cast<EpView const*>(t.tag);
-    std::uint32_t const chunks_per_row = t.cols * t.elem_bytes / 16u;
-    for (std::uint32_t i = thread; i < t.rows * chunks_per_row;
-         i += tasks::gemm::kConsumerThreads) {
-      std::uint32_t const r = i / chunks_per_row, chunk = i - r * chunks_per_row;
+    tasks::gemm::scatter_rows(t, thread, [&](std::uint32_t r) {
       std::uint32_t const row = t.c_row0 + r;
-      uint4 const value = *reinterpret_cast<uint4 const*>(t.data + r * t.row_stride + chunk * 16u);
-      float* dst = ctx.heap().peer(ep.row_rank[row], source_slot_row(ep, row) + t.c_col0);
-      reinterpret_cast<uint4*>(dst)[chunk] = value;
-    }
+      return reinterpret_cast<unsigned char*>(
+          ctx.heap().peer(ep.row_rank[row], source_slot_row(ep, row) + t.c_col0));
+    });
   }
 #endif
 };
@@ -93,7 +88,8 @@ struct ExpertDownRemote {
       unsigned const group = __match_any_sync(rows_mask, (source << 24) | block);
       if ((threadIdx.x % 32) == static_cast<unsigned>(__ffs(group) - 1))
         fetch_add_acq_rel<std::uint32_t, cuda::thread_scope_system>(
-            *ctx.heap().peer(source, &ep.block_done[block]), static_cast<std::uint32_t>(__popc(group)));
+            *ctx.heap().peer(source, &ep.block_done[block]),
+            static_cast<std::uint32_t>(__popc(group)));
     }
   }
 #endif

@@ -29,33 +29,19 @@ struct SlotScatterSink {
                   std::size_t{t.cols} * t.elem_bytes);
   }
 #if defined(__CUDACC__)
-  // Warp w writes rows w, w + 8, ...: lane i first resolves the destination of the warp's i-th
-  // row (one load of row_source per lane, all in flight together), then the warp writes the rows
-  // one after another, each row's address shuffled from its lane, with 16-byte stores.
-  __device__ static void deliver(tasks::gemm::StagedTile const& t,
-                                 tasks::gemm::GemmOperands const&, TaskContext&,
-                                 unsigned thread) {
-    constexpr std::uint32_t kWarps = tasks::gemm::kConsumerThreads / 32;
-    static_assert(kWarps * 32 >= 128, "a warp resolves at most 32 rows of a tile");
+  // The lane that resolves a row reads its row_source entry; the view's fields are read once.
+  __device__ static void deliver(tasks::gemm::StagedTile const& t, tasks::gemm::GemmOperands const&,
+                                 TaskContext&, unsigned thread) {
     MoEView const& v = *reinterpret_cast<MoEView const*>(t.tag);
-    std::uint32_t const warp = thread / 32, lane = thread % 32;
-    std::uint32_t const mine = warp + kWarps * lane;
-    unsigned long long dst = 0;
-    if (mine < t.rows) {
-      std::uint32_t const source = __ldcg(v.row_source + t.c_row0 + mine);
-      std::uint32_t const token = source / v.top_k, slot = source % v.top_k;
-      dst = reinterpret_cast<unsigned long long>(
-          v.y + (std::size_t{slot} * v.max_tokens + token) * v.hidden + t.c_col0);
-    }
-    std::uint32_t const chunks_per_row = t.cols * t.elem_bytes / 16u;
-    unsigned char const* const data = t.data;
-    std::uint32_t const row_stride = t.row_stride, rows = t.rows;
-    for (std::uint32_t i = 0; warp + kWarps * i < rows; ++i) {
-      auto* const row = reinterpret_cast<uint4*>(__shfl_sync(0xFFFFFFFFu, dst, i));
-      unsigned char const* const src = data + (warp + kWarps * i) * row_stride;
-      for (std::uint32_t c = lane; c < chunks_per_row; c += 32)
-        row[c] = *reinterpret_cast<uint4 const*>(src + c * 16u);
-    }
+    std::uint32_t const* const row_source = v.row_source;
+    float* const y = v.y + t.c_col0;
+    std::uint32_t const top_k = v.top_k, max_tokens = v.max_tokens, hidden = v.hidden;
+    tasks::gemm::scatter_rows(t, thread, [&](std::uint32_t r) {
+      std::uint32_t const source = __ldcg(row_source + t.c_row0 + r);
+      std::uint32_t const token = source / top_k, slot = source % top_k;
+      return reinterpret_cast<unsigned char*>(y +
+                                              (std::size_t{slot} * max_tokens + token) * hidden);
+    });
   }
 #endif
 };

@@ -309,8 +309,8 @@ struct GemmTileTask {
     }
   }
 
-  // Consumer threads: accumulators to the staging tile (reusing the stage area once both
-  // warpgroups are done with it), split-K publication, the finishing pass, the sink.
+  // Consumer threads: the finished tile into the staging tile (reusing the stage area once both
+  // warpgroups are done with it; with split-K, after the raw tiles are summed), then the sink.
   template <int WN>
   __device__ static void finish(float (&acc)[WN / 2], gemm::GemmOperands const& op,
                                 gemm::impl::TileJob const& job, unsigned char* staging,
@@ -319,20 +319,24 @@ struct GemmTileTask {
     using namespace gemm;
     unsigned const thread = threadIdx.x, warp = thread / 32u, lane = thread % 32u;
     ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
-    impl::stage_accumulators<WN>(acc, op.config, wt, lane, staging);
-    ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
-    if (op.config.splits > 1) {
+    std::uint32_t row_stride;
+    if (op.config.splits == 1) {
+      impl::finish_fragments<WN>(acc, op, job, wt, lane, ptx::smem_address(staging));
+      row_stride = impl::finished_row_stride(op);
+    } else {
+      impl::stage_accumulators<WN>(acc, op.config, wt, lane, staging);
+      ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
       if (!impl::publish_partial(op, job, staging, thread, flag)) return;
       impl::sum_partials(op, job, staging, thread);
       ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+      impl::finish_rows(op, job, staging, warp, lane);
+      row_stride = impl::staging_row_stride(op.config);
     }
-    impl::finish_rows(op, job, staging, warp, lane);
     ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
     std::uint32_t const c_col0 = job.n_tile * op.out_tile_cols();
-    StagedTile const tile{staging,        impl::staging_row_stride(op.config),
-                          job.rows,       min(op.out_tile_cols(), op.n_out - c_col0),
-                          op.out_bytes(), job.c_row0,
-                          c_col0,         job.sink_tag};
+    StagedTile const tile{
+        staging,        row_stride, job.rows, min(op.out_tile_cols(), op.n_out - c_col0),
+        op.out_bytes(), job.c_row0, c_col0,   job.sink_tag};
     Sink::deliver(tile, op, ctx, thread);
   }
 #endif

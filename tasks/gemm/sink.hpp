@@ -17,6 +17,9 @@
 
 #include "runtime/context.hpp"
 #include "tasks/gemm/operands.hpp"
+#if defined(__CUDACC__)
+#include "tasks/gemm/ptx/smem.cuh"
+#endif
 
 namespace loom::tasks::gemm {
 
@@ -34,6 +37,42 @@ struct StagedTile {
 
 inline constexpr std::uint32_t kSinkBarrier = 2;  // named barrier id a sink may use
 
+#if defined(__CUDACC__)
+// For a sink's deliver (all kConsumerThreads threads): copies each valid row of the staged tile,
+// its valid columns, to row_dst(r), a device pointer (16-byte aligned) to where row r goes. Warp
+// w takes rows w, w + 8, ...: lane i first resolves the warp's i-th row (all those lookups in
+// flight together), then the warp walks its rows' 16-byte chunks in order, kBatch loads a lane
+// before their stores, so that a row's destination lookup and the copies do not serialise.
+template <class RowDst>
+__device__ void scatter_rows(StagedTile const& t, unsigned thread, RowDst const& row_dst) {
+  constexpr std::uint32_t kWarps = kConsumerThreads / 32u, kBatch = 8;
+  static_assert(kWarps * 32u >= 128u, "a lane resolves at most one row of its warp");
+  std::uint32_t const warp = thread / 32u, lane = thread % 32u;
+  std::uint32_t const count = t.rows > warp ? (t.rows - warp + kWarps - 1u) / kWarps : 0u;
+  unsigned char* const dst = lane < count ? row_dst(warp + kWarps * lane) : nullptr;
+  std::uint32_t const per_row = t.cols * t.elem_bytes / 16u, total = count * per_row;
+  std::uint32_t const src = ptx::smem_address(t.data) + warp * t.row_stride;
+  std::uint32_t const src_step = kWarps * t.row_stride;
+  for (std::uint32_t q0 = 0; q0 < total; q0 += 32u * kBatch) {
+    uint4 v[kBatch];
+    unsigned char* at[kBatch];
+#pragma unroll
+    for (std::uint32_t b = 0; b < kBatch; ++b) {
+      std::uint32_t const q = q0 + 32u * b + lane;
+      std::uint32_t const qq = q < total ? q : 0u;  // loads stay unconditional (registers)
+      std::uint32_t const i = qq / per_row, c = qq - i * per_row;
+      v[b] = ptx::ld_shared_v4(src + i * src_step + c * 16u);
+      at[b] = reinterpret_cast<unsigned char*>(
+                  __shfl_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(dst), i)) +
+              c * 16u;
+    }
+#pragma unroll
+    for (std::uint32_t b = 0; b < kBatch; ++b)
+      if (q0 + 32u * b + lane < total) *reinterpret_cast<uint4*>(at[b]) = v[b];
+  }
+}
+#endif
+
 // Stores the tile into C at (c_row0, c_col0) with leading dimension ldc.
 struct LocalTileSink {
   static void deliver_host(StagedTile const& t, GemmOperands const& op, TaskContext&) {
@@ -44,19 +83,12 @@ struct LocalTileSink {
   }
 
 #if defined(__CUDACC__)
-  // 16-byte chunks, consecutive threads along a row: each warp writes 512 contiguous bytes.
   __device__ static void deliver(StagedTile const& t, GemmOperands const& op, TaskContext&,
                                  unsigned thread) {
-    std::uint32_t const chunks_per_row = t.cols * t.elem_bytes / 16u;
-    std::uint32_t const chunks = t.rows * chunks_per_row;
-    auto* const c = static_cast<unsigned char*>(op.c) +
-                    (std::size_t{t.c_row0} * op.ldc + t.c_col0) * t.elem_bytes;
+    unsigned char* const c = static_cast<unsigned char*>(op.c) +
+                             (std::size_t{t.c_row0} * op.ldc + t.c_col0) * t.elem_bytes;
     std::size_t const ldc_bytes = std::size_t{op.ldc} * t.elem_bytes;
-    for (std::uint32_t i = thread; i < chunks; i += kConsumerThreads) {
-      std::uint32_t const r = i / chunks_per_row, chunk = i - r * chunks_per_row;
-      uint4 const v = *reinterpret_cast<uint4 const*>(t.data + r * t.row_stride + chunk * 16u);
-      *reinterpret_cast<uint4*>(c + r * ldc_bytes + chunk * 16u) = v;
-    }
+    scatter_rows(t, thread, [&](std::uint32_t r) { return c + r * ldc_bytes; });
   }
 #endif
 };

@@ -1,15 +1,17 @@
-// Device epilogue of the GEMM task, common to the wgmma and mma.sync paths. Two passes, so that
-// the accumulators (up to 128 registers a thread) never meet the epilogue's arithmetic:
+// Device epilogue of the GEMM task, common to the wgmma and mma.sync paths (both give a warp the
+// same m16n8 fragment layout, ptx/wgmma.cuh).
 //
-//   1. stage_accumulators: each consumer warp stores its m16n8 fragments (layout in
-//      ptx/wgmma.cuh) as raw fp32 into a row-major staging tile in shared memory;
-//   2. finish_rows: warps sweep the tile row by row (run-time loops, 16-byte accesses): add bias,
-//      apply the activation (SwiGLU pairs the 8-column gate/up blocks), scale the row, convert,
-//      and write the finished row in place at the start of its staging row.
+// Without split-K, finish_fragments finishes each thread's accumulators where they are (bias,
+// activation, row scale, conversion; SwiGLU pairs a gate chunk with the up chunk the same thread
+// holds) and stores the finished values into a row-major staging tile in shared memory.
 //
-// Split-K: between the passes, publish_partial copies a split's raw tile to the workspace and
-// counts it; the split that arrives last replaces its staged tile by the sum of all partials in
-// split order (sum_partials) and runs pass 2.
+// Split-K sums raw tiles first, in two passes:
+//   1. stage_accumulators: each consumer warp stores its fragments as raw fp32 into the staging
+//      tile; publish_partial copies a split's raw tile to the workspace and counts it; the split
+//      that arrives last replaces its staged tile by the sum of all partials in split order
+//      (sum_partials);
+//   2. finish_rows: warps sweep the summed tile row by row (16-byte accesses) with the same
+//      formulas and write each finished row in place at the start of its staging row.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -18,6 +20,7 @@
 
 #include "tasks/gemm/device/tile_job.cuh"
 #include "tasks/gemm/epilogue_math.hpp"
+#include "tasks/gemm/ptx/smem.cuh"
 #include "tasks/gemm/ptx/sync.cuh"
 
 namespace loom::tasks::gemm::impl {
@@ -32,7 +35,100 @@ __device__ LOOM_INLINE std::uint32_t staging_row_stride(GemmConfig const& cfg) {
   return cfg.block_n * 4u + 16u;
 }
 
-// Pass 1, one consumer warp: its 16 x WN fragment as fp32 into the staging tile.
+// Two floats as bf16 (round to nearest even), the first in the low half.
+__device__ LOOM_INLINE std::uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 const h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t const*>(&h);
+}
+
+// Bytes between the rows of a tile finished by finish_fragments: its output columns plus 16 (32
+// for fp32), so that the 8 rows a warp's fragment store touches start in different banks.
+__device__ LOOM_INLINE std::uint32_t finished_row_stride(GemmOperands const& op) {
+  return op.out_tile_cols() * op.out_bytes() + (op.output == OutputType::fp32 ? 32u : 16u);
+}
+
+// Two finished values at column `col` of the staged row at shared address `row`.
+__device__ LOOM_INLINE void store_pair(std::uint32_t row, std::uint32_t col, float x, float y,
+                                       bool bf16_out) {
+  if (bf16_out)
+    ptx::st_shared_b32(row + 2u * col, pack_bf16x2(x, y));
+  else
+    ptx::st_shared_v2_f32(row + 4u * col, x, y);
+}
+
+// The two bias values of B columns col, col + 1 (zero past the matrix's n columns).
+__device__ LOOM_INLINE float2 bias_pair(float const* bias, std::uint32_t col,
+                                        std::uint32_t bias_cols) {
+  if (!bias || col >= bias_cols) return make_float2(0.0f, 0.0f);
+  return __ldg(reinterpret_cast<float2 const*>(bias + col));
+}
+
+// No split-K, one consumer warp, after a consumer barrier (the stage area is free): its 16 x WN
+// fragment, finished in registers, into the staging tile at shared address `staging`, row stride
+// finished_row_stride(op). A thread holds rows lane/4 and lane/4 + 8 of the fragment and columns
+// 8 j + 2 (lane % 4) + {0, 1} of chunk j: acc[4j], acc[4j+1] on the first row, acc[4j+2],
+// acc[4j+3] on the second. Rows past the valid count are finished too (never delivered), but
+// their row scale is not read.
+template <int WN, GemmActivation kAct>
+__device__ LOOM_INLINE void finish_fragments(float const (&acc)[WN / 2], GemmOperands const& op,
+                                             TileJob const& job, WarpTile const& wt, unsigned lane,
+                                             std::uint32_t staging) {
+  std::uint32_t const stride = finished_row_stride(op);
+  std::uint32_t const row_lo = wt.row_base + lane / 4u, row_hi = row_lo + 8u;
+  std::uint32_t const pair = 2u * (lane % 4u);
+  float scale_lo = 1.0f, scale_hi = 1.0f;
+  if (float const* const row_scale = op.row_scale) {
+    if (row_lo < job.rows) scale_lo = row_scale[job.a_row0 + row_lo];
+    if (row_hi < job.rows) scale_hi = row_scale[job.a_row0 + row_hi];
+  }
+  float const* const bias = op.bias ? op.bias + std::size_t{job.expert} * op.n + job.n0 : nullptr;
+  std::uint32_t const bias_cols = op.n - job.n0;
+  bool const bf16_out = op.output == OutputType::bf16;
+  std::uint32_t const lo = staging + row_lo * stride, hi = staging + row_hi * stride;
+  if constexpr (kAct == GemmActivation::swiglu) {
+#pragma unroll
+    for (int j = 0; j < WN / 16; ++j) {  // gate chunk 2j, up chunk 2j + 1
+      std::uint32_t const gate_col = wt.col_base + 16u * j + pair;
+      float2 const gb = bias_pair(bias, gate_col, bias_cols);
+      float2 const ub = bias_pair(bias, gate_col + 8u, bias_cols);
+      float const* const g = acc + 8 * j;
+      std::uint32_t const out_col = wt.col_base / 2u + 8u * j + pair;
+      store_pair(lo, out_col, fast::swiglu(g[0] + gb.x, g[4] + ub.x) * scale_lo,
+                 fast::swiglu(g[1] + gb.y, g[5] + ub.y) * scale_lo, bf16_out);
+      store_pair(hi, out_col, fast::swiglu(g[2] + gb.x, g[6] + ub.x) * scale_hi,
+                 fast::swiglu(g[3] + gb.y, g[7] + ub.y) * scale_hi, bf16_out);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j) {
+      std::uint32_t const col = wt.col_base + 8u * j + pair;
+      float2 const b = bias_pair(bias, col, bias_cols);
+      float const* const c = acc + 4 * j;
+      store_pair(lo, col, fast::activate(kAct, c[0] + b.x) * scale_lo,
+                 fast::activate(kAct, c[1] + b.y) * scale_lo, bf16_out);
+      store_pair(hi, col, fast::activate(kAct, c[2] + b.x) * scale_hi,
+                 fast::activate(kAct, c[3] + b.y) * scale_hi, bf16_out);
+    }
+  }
+}
+
+template <int WN>
+__device__ LOOM_INLINE void finish_fragments(float const (&acc)[WN / 2], GemmOperands const& op,
+                                             TileJob const& job, WarpTile const& wt, unsigned lane,
+                                             std::uint32_t staging) {
+  switch (op.activation) {
+    case GemmActivation::swiglu:
+      return finish_fragments<WN, GemmActivation::swiglu>(acc, op, job, wt, lane, staging);
+    case GemmActivation::relu:
+      return finish_fragments<WN, GemmActivation::relu>(acc, op, job, wt, lane, staging);
+    case GemmActivation::gelu_tanh:
+      return finish_fragments<WN, GemmActivation::gelu_tanh>(acc, op, job, wt, lane, staging);
+    default:
+      return finish_fragments<WN, GemmActivation::none>(acc, op, job, wt, lane, staging);
+  }
+}
+
+// Split-K pass 1, one consumer warp: its 16 x WN fragment as fp32 into the staging tile.
 template <int WN>
 __device__ LOOM_INLINE void stage_accumulators(float const (&acc)[WN / 2], GemmConfig const& cfg,
                                                WarpTile const& wt, unsigned lane,
@@ -107,12 +203,6 @@ __device__ LOOM_INLINE void load8(float (&v)[8], GemmConfig const& cfg,
   v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
 }
 
-// Two floats as bf16 (round to nearest even), the first in the low half.
-__device__ LOOM_INLINE std::uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 const h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<std::uint32_t const*>(&h);
-}
-
 __device__ LOOM_INLINE void add_bias8(float (&v)[8], float const* bias, std::uint32_t c,
                                       std::uint32_t bias_cols) {
   if (!bias || c >= bias_cols) return;
@@ -122,7 +212,7 @@ __device__ LOOM_INLINE void add_bias8(float (&v)[8], float const* bias, std::uin
       v[7] += y.w;
 }
 
-// Pass 2, all consumer threads (warp = 0..7) after a consumer barrier: finishes rows
+// Split-K pass 2, all consumer threads (warp = 0..7) after a consumer barrier: finishes rows
 // [0, job.rows). A row's lanes each take 8 output columns (B columns 8 l.. for plain epilogues,
 // gate 16 l.. and up 16 l + 8.. for SwiGLU); they read before any of them writes (__syncwarp),
 // so the finished row can overwrite the start of its own staging row. Bias needs 16-byte
@@ -151,13 +241,13 @@ __device__ inline void finish_rows(GemmOperands const& op, TileJob const& job,
         add_bias8(gate, bias, 16u * l, bias_cols);
         add_bias8(up, bias, 16u * l + 8u, bias_cols);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = gemm::swiglu(gate[i], up[i]) * scale;
+        for (int i = 0; i < 8; ++i) out[i] = fast::swiglu(gate[i], up[i]) * scale;
       } else {
         load8(out, cfg, staging, r, 8u * l);
         add_bias8(out, bias, 8u * l, bias_cols);
         GemmActivation const act = op.activation;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = activate(act, out[i]) * scale;
+        for (int i = 0; i < 8; ++i) out[i] = fast::activate(act, out[i]) * scale;
       }
     }
     __syncwarp();

@@ -15,12 +15,9 @@
 #include <cuda/ptx>
 
 #include "runtime/config.hpp"
+#include "tasks/gemm/ptx/smem.cuh"
 
 namespace loom::tasks::gemm::ptx {
-
-LOOM_DEVICE LOOM_INLINE std::uint32_t smem_address(void const* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // One thread. The barrier completes a phase after `count` arrivals (and all expected bytes).
 LOOM_DEVICE LOOM_INLINE void mbarrier_init(std::uint64_t* bar, std::uint32_t count) {
