@@ -11,11 +11,14 @@
 
 namespace loom::moe {
 
-// Where a down-projection row goes: y[slot][token] of the pair the pool row came from.
-LOOM_HD inline float* slot_row(MoEView const& v, std::uint32_t row) {
-  std::uint32_t const source = v.row_source[row];
+// Where a down-projection row goes: y[slot][token] of pair `source` (token * k + slot), and of
+// the pair pool row `row` came from.
+LOOM_HD inline float* slot_row_of(MoEView const& v, std::uint32_t source) {
   std::uint32_t const t = source / v.top_k, j = source % v.top_k;
   return v.y + (std::size_t{j} * v.max_tokens + t) * v.hidden;
+}
+LOOM_HD inline float* slot_row(MoEView const& v, std::uint32_t row) {
+  return slot_row_of(v, v.row_source[row]);
 }
 
 // The down GEMM's sink: rows go to their (slot, token) place instead of a dense C. The tile's tag
@@ -29,18 +32,13 @@ struct SlotScatterSink {
                   std::size_t{t.cols} * t.elem_bytes);
   }
 #if defined(__CUDACC__)
-  // The lane that resolves a row reads its row_source entry; the view's fields are read once.
+  // row_source through L2: the gathers wrote it in this launch.
   __device__ static void deliver(tasks::gemm::StagedTile const& t, tasks::gemm::GemmOperands const&,
                                  TaskContext&, unsigned thread) {
     MoEView const& v = *reinterpret_cast<MoEView const*>(t.tag);
-    std::uint32_t const* const row_source = v.row_source;
-    float* const y = v.y + t.c_col0;
-    std::uint32_t const top_k = v.top_k, max_tokens = v.max_tokens, hidden = v.hidden;
     tasks::gemm::scatter_rows(t, thread, [&](std::uint32_t r) {
-      std::uint32_t const source = __ldcg(row_source + t.c_row0 + r);
-      std::uint32_t const token = source / top_k, slot = source % top_k;
-      return reinterpret_cast<unsigned char*>(y +
-                                              (std::size_t{slot} * max_tokens + token) * hidden);
+      return reinterpret_cast<unsigned char*>(slot_row_of(v, __ldcg(v.row_source + t.c_row0 + r)) +
+                                              t.c_col0);
     });
   }
 #endif

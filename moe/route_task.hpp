@@ -66,12 +66,19 @@ struct RouteTokens {
   // Routes token blocks [first, first + blocks) (those within this call's tokens).
   static void route_host(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
                          TaskContext& ctx) {
-    auto const logits = [&](std::uint32_t t, float* out) {
+    route_blocks_host(v, first, blocks, ctx, [&](std::uint32_t t, float* out) {
       for (std::uint32_t e = 0; e < v.experts; ++e)
         out[e] = in_segment_order(v, [&](std::uint32_t s) { return slice_dot_host(v, t, e, s); });
-    };
+    });
+  }
+
+  // Blocks [first, first + blocks) that exist, each with logits_of(token, out); stops at the
+  // first failed routing check.
+  template <class Logits>
+  static void route_blocks_host(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
+                                TaskContext& ctx, Logits const& logits_of) {
     for (std::uint32_t block = first; block < first + blocks && block < v.max_blocks; ++block)
-      if (!route_block_host(v, block, ctx, logits)) return;
+      if (!route_block_host(v, block, ctx, logits_of)) return;
   }
 
   // One part of a spread group: its slices' dot products for the group's tokens; the last part
@@ -90,12 +97,9 @@ struct RouteTokens {
           v.route_partial[partial_index(v, s, t, e)] = slice_dot_host(v, t, e, s);
     if (fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 != v.route_parts) return;
     store_relaxed(v.route_arrived[group], 0u);
-    auto const logits = [&](std::uint32_t t, float* out) {
+    route_blocks_host(v, first, v.route_blocks, ctx, [&](std::uint32_t t, float* out) {
       for (std::uint32_t e = 0; e < v.experts; ++e) out[e] = sum_slices(v, t, e);
-    };
-    for (std::uint32_t block = first; block < first + v.route_blocks && block < v.max_blocks;
-         ++block)
-      if (!route_block_host(v, block, ctx, logits)) return;
+    });
   }
 
   LOOM_HD static std::size_t partial_index(MoEView const& v, std::uint32_t s, std::uint32_t t,

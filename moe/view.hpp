@@ -7,9 +7,8 @@
 //   plan    (one task, after every route): offsets, tiles per expert; gives back unused bound
 //   gather  (per token block, after plan): copies each token row to its expert's pool rows; the
 //           last row of an M-tile to arrive emits that tile's up-projection tasks
-//   up      (per M-tile x N-tile, a tensor-core GEMM tile): act(x_e · W1_e) into h; the last N-tile
-//   of an M-tile emits
-//           its down-projection tasks
+//   up      (per M-tile x N-tile, a tensor-core GEMM tile): act(x_e · W1_e) into h; the last
+//           N-tile of an M-tile emits its down-projection tasks
 //   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32); the last arrival
 //           for a token block emits its combine
 //   combine (per token block): out[t] = sum_j w[t,j] y[j][t] in top-k order, fp32
