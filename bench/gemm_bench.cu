@@ -29,7 +29,7 @@
 namespace {
 
 namespace g = loom::tasks::gemm;
-using GemmPipeline = loom::Pipeline<loom::tasks::GemmTile>;
+using GemmPipeline = loom::Pipeline<loom::tasks::GemmRunTile>;
 
 #define BENCH_CUBLAS(call)                                                                   \
   do {                                                                                       \
@@ -159,6 +159,8 @@ void BM_GemmVsCublas(benchmark::State& state) {
 
   std::uint32_t raster = g::kRasterGroupM;  // LOOM_GEMM_RASTER: row tiles per raster group
   if (char const* r = std::getenv("LOOM_GEMM_RASTER")) raster = std::uint32_t(std::atoi(r));
+  std::uint32_t run = g::choose_gemm_run(cfg, m, n, model);  // LOOM_GEMM_RUN: n tiles per task
+  if (char const* r = std::getenv("LOOM_GEMM_RUN")) run = std::max(1, std::atoi(r));
   double const set_bytes = 2.0 * (double(m) * k + double(n) * k);
   int const sets = std::clamp(int(std::ceil(2.0 * prop.l2CacheSize / set_bytes)), 2, 48);
   loom::DeviceBuffer<g::Bf16> c(std::size_t{m} * n), c_ref(std::size_t{m} * n);
@@ -174,8 +176,8 @@ void BM_GemmVsCublas(benchmark::State& state) {
     in[i].gemm = std::make_unique<g::DeviceGemm>(d, cfg);
     loom::GraphBuilder builder;
     std::uint32_t slot = 0;
-    g::add_gemm_tiles<GemmPipeline>(builder, *in[i].gemm, {0, 0, 0, m}, slot, loom::kNoEvent, {},
-                                    raster, chains);
+    g::add_gemm_tiles<GemmPipeline, loom::tasks::GemmRunTile>(
+        builder, *in[i].gemm, {0, 0, 0, m}, slot, loom::kNoEvent, {}, raster, chains, run);
     loom::Graph graph = builder.build();
     if (i == 0) graph0 = graph;
     in[i].executor = std::make_unique<loom::GpuExecutor<GemmPipeline>>(std::move(graph));
@@ -234,8 +236,9 @@ void BM_GemmVsCublas(benchmark::State& state) {
   state.SetLabel(std::string(prop.name) + ", tile " + std::to_string(cfg.block_m) + "x" +
                  std::to_string(cfg.block_n) + " split " + std::to_string(cfg.splits) + " stages " +
                  std::to_string(cfg.stages) + (cfg.overlap ? "" : " no-overlap") + " raster " +
-                 std::to_string(raster) + (chains ? " chained" : " independent") + ", " +
-                 std::to_string(sets) + " input sets");
+                 std::to_string(raster) + (run > 1 ? " run " + std::to_string(run) : "") +
+                 (chains ? " chained" : " independent") + ", " + std::to_string(sets) +
+                 " input sets");
 }
 
 // The fixed cost of one persistent launch carrying one tiny GEMM tile (1 x 64 x 64): the floor
@@ -255,7 +258,7 @@ void BM_GemmLaunchFloor(benchmark::State& state) {
   g::DeviceGemm gemm(d, cfg);
   loom::GraphBuilder builder;
   std::uint32_t slot = 0;
-  g::add_gemm_tiles<GemmPipeline>(builder, gemm, {0, 0, 0, 1}, slot);
+  g::add_gemm_tiles<GemmPipeline, loom::tasks::GemmRunTile>(builder, gemm, {0, 0, 0, 1}, slot);
   loom::GpuExecutor<GemmPipeline> ex(builder.build());
   ex.run();
   EventTimer ev;

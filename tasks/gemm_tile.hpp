@@ -3,10 +3,15 @@
 //   C[c_row0 + r][cols of tile] = epilogue(A[a_row0 + r][:] · B[expert][rows of tile][:]ᵀ)
 //
 // for r < rows (1..block_m): rows past `rows` are never read as data (TMA reads may cover them,
-// their results are dropped) and never written. The operands, the tile configuration and the
-// epilogue (bf16/fp32 output, bias, row scale, none/relu/gelu/swiglu) are shared by all tiles of
-// one GEMM in a device-memory GemmOperands (tasks/gemm/operands.hpp) that the payload points to.
-// Build operands with tasks/gemm/device_gemm.hpp (GPU) or make_operands (CPU executor).
+// their results are dropped) and never written. A task of GemmTileTask<Sink, true> (GemmRunTile)
+// may compute a run of `count` consecutive N-tiles over the same rows: on the wgmma path the next
+// tile's loads then overlap the current tile's epilogue and delivery
+// (tasks/gemm/device/mainloop_wgmma.cuh). Single-tile task types (kRuns = false) compile none of
+// that: their tile costs less where runs do not pay (docs/gemm.md). The operands, the tile
+// configuration and the epilogue (bf16/fp32 output, bias, row scale, none/relu/gelu/swiglu) are
+// shared by all tiles of one GEMM in a device-memory GemmOperands (tasks/gemm/operands.hpp) that
+// the payload points to. Build operands with tasks/gemm/device_gemm.hpp (GPU) or make_operands (CPU
+// executor).
 //
 // Device: 384 threads. On the wgmma path warps 0..7 are two consumer warpgroups (wgmma
 // m64nWNk16, accumulators in registers) and lane 0 of warp 8 (warpgroup 2) is the TMA producer
@@ -47,12 +52,13 @@ struct GemmTileCoord {
   std::uint32_t c_row0 = 0;  // first row of C it writes
   std::uint32_t rows = 0;    // valid rows, 1..block_m
   std::uint32_t n_tile = 0;  // columns [n_tile·block_n, ...) of B
+  std::uint32_t count = 1;   // N-tiles n_tile .. n_tile + count - 1 (a run; 1 with split-K)
   std::uint32_t split = 0;   // K split, 0..splits-1
   std::uint32_t slot = 0;    // split-K workspace slot (unique per tile in flight); 0 if no split
   std::uint64_t sink_tag = 0;
 };
 
-template <class Sink = gemm::LocalTileSink>
+template <class Sink = gemm::LocalTileSink, bool kRuns = false>
 struct GemmTileTask {
   static constexpr char const* name = "gemm_tile";
   static constexpr unsigned threads = gemm::kThreads;
@@ -70,6 +76,7 @@ struct GemmTileTask {
     std::uint32_t slot;
     std::uint16_t rows;
     std::uint16_t split;
+    std::uint16_t count;  // N-tiles in the run, >= 1
   };
   static_assert(sizeof(Payload) <= 48);
 
@@ -91,6 +98,11 @@ struct GemmTileTask {
     if (t.n_tile >= op.n_tiles())
       fail("n tile out of range (" + std::to_string(op.n_tiles()) + " tiles of " +
            std::to_string(cfg.block_n) + ")");
+    if (t.count == 0 || t.count > 0xFFFFu || std::uint64_t{t.n_tile} + t.count > op.n_tiles())
+      fail("a run of " + std::to_string(t.count) + " n tiles must be 1.." +
+           std::to_string(op.n_tiles() - t.n_tile));
+    if (t.count > 1 && !kRuns) fail("this task type takes one n tile per task (use GemmRunTile)");
+    if (t.count > 1 && cfg.splits > 1) fail("a run of n tiles cannot be split along K");
     if (t.split >= cfg.splits) fail("split out of range (" + std::to_string(cfg.splits) + ")");
     if (cfg.splits > 1 && t.slot >= op.slots)
       fail("split-K slot " + std::to_string(t.slot) + " but the workspace has " +
@@ -105,6 +117,7 @@ struct GemmTileTask {
     p.slot = t.slot;
     p.rows = static_cast<std::uint16_t>(t.rows);
     p.split = static_cast<std::uint16_t>(t.split);
+    p.count = static_cast<std::uint16_t>(t.count);
     return p;
   }
 
@@ -113,9 +126,10 @@ struct GemmTileTask {
     switch (code) {
       case 1:
         return "tile outside its operands (rows " + std::to_string(a) + ", expert " +
-               std::to_string(b >> 32) + ", n tile " + std::to_string(b & 0xFFFFFFFFu) + ")";
+               std::to_string(b >> 32) + ", n tiles " + std::to_string(b & 0xFFFFu) + "+" +
+               std::to_string((b >> 16) & 0xFFFFu) + ")";
       case 2:
-        return "pipeline barrier " + std::to_string(a) + " (parity " + std::to_string(b) +
+        return pipeline_barrier_name(a) + " (parity " + std::to_string(b) +
                ") never completed: a TMA load or a consumer stalled";
       case 3:
         return "the wgmma path needs an sm_90a build on a Hopper GPU; choose MmaPath::mma_sync";
@@ -127,17 +141,40 @@ struct GemmTileTask {
     }
   }
 
+  // Payload checks shared by host and device (the host builder checked them too).
+  LOOM_HD static bool bad_payload(Payload const& p, gemm::GemmOperands const& op) {
+    gemm::GemmConfig const& cfg = op.config;
+    return p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts || p.count == 0 ||
+           p.n_tile + p.count > op.n_tiles() || p.split >= cfg.splits ||
+           (p.count > 1 && (cfg.splits > 1 || !kRuns)) ||
+           std::uint64_t{p.a_row0} + p.rows > op.a_rows;
+  }
+  LOOM_HD static std::uint64_t bad_payload_word(Payload const& p) {
+    return std::uint64_t{p.expert} << 32 | std::uint64_t{p.count} << 16 | (p.n_tile & 0xFFFFu);
+  }
+
   static void host(Payload const& p, TaskContext& ctx) {
+    if (bad_payload(p, *p.ops)) {
+      ctx.fail(1, p.rows, bad_payload_word(p));
+      return;
+    }
+    if (p.split + 1u != p.ops->config.splits) return;
+    for (std::uint32_t t = 0; t < p.count; ++t) host_tile(p, p.n_tile + t, ctx);
+  }
+
+ private:
+  static std::string pipeline_barrier_name(std::uint64_t which) {
+    using gemm::kMaxStages;
+    if (which == gemm::kDrainedBarrier) return "the staged-tile barrier";
+    return std::string(which < kMaxStages ? "full" : "empty") + " barrier of stage " +
+           std::to_string(which % kMaxStages);
+  }
+
+  static void host_tile(Payload const& p, std::uint32_t n_tile, TaskContext& ctx) {
     using namespace gemm;
     GemmOperands const& op = *p.ops;
     GemmConfig const& cfg = op.config;
-    if (p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts || p.n_tile >= op.n_tiles() ||
-        p.split >= cfg.splits || std::uint64_t{p.a_row0} + p.rows > op.a_rows) {
-      ctx.fail(1, p.rows, std::uint64_t{p.expert} << 32 | p.n_tile);
-      return;
-    }
-    if (p.split + 1u != cfg.splits) return;
-    std::uint32_t const n0 = p.n_tile * cfg.block_n;
+    std::uint32_t const n0 = n_tile * cfg.block_n;
     std::uint32_t const b_cols = std::min<std::uint32_t>(cfg.block_n, op.n - n0);
     std::uint32_t const rows = p.rows;
     std::vector<float> acc(std::size_t{rows} * b_cols, 0.0f);
@@ -180,11 +217,12 @@ struct GemmTileTask {
       }
     }
     StagedTile const tile{
-        staged.data(), out_cols * eb, rows, out_cols, eb, p.c_row0, p.n_tile * op.out_tile_cols(),
+        staged.data(), out_cols * eb, rows, out_cols, eb, p.c_row0, n_tile * op.out_tile_cols(),
         p.sink_tag};
     Sink::deliver_host(tile, op, ctx);
   }
 
+ public:
 #if defined(__CUDACC__)
   // Called by every thread of the processor block (blockDim.x >= threads; threads past `threads`
   // join the block barriers only). Uses shared_bytes of ctx.shared_memory().
@@ -192,13 +230,10 @@ struct GemmTileTask {
     using namespace gemm;
     GemmOperands const& op = *p.ops;
     GemmConfig const cfg = op.config;
-    bool const bad = p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts ||
-                     p.n_tile >= op.n_tiles() || p.split >= cfg.splits ||
-                     p.a_row0 + p.rows > op.a_rows;
-    if (bad) {
+    if (bad_payload(p, op)) {
       if (threadIdx.x == 0)
         ctx.fail(static_cast<std::uint32_t>(impl::GemmFailure::bad_tile), p.rows,
-                 std::uint64_t{p.expert} << 32 | p.n_tile);
+                 bad_payload_word(p));
       return;
     }
     if (blockDim.x != threads) {  // the register split below assumes exactly this block
@@ -228,13 +263,13 @@ struct GemmTileTask {
     job.sink_tag = p.sink_tag;
     switch (cfg.warp_n()) {
       case 64:
-        run<64>(op, job, ctx);
+        run<64>(op, job, p.count, ctx);
         break;
       case 128:
-        run<128>(op, job, ctx);
+        run<128>(op, job, p.count, ctx);
         break;
       default:
-        run<256>(op, job, ctx);
+        run<256>(op, job, p.count, ctx);
         break;
     }
     // This thread's shared-memory writes and reads come before the next task's TMA writes.
@@ -242,18 +277,20 @@ struct GemmTileTask {
   }
 
  private:
+  // The tiles of a run, n_tile .. n_tile + tiles - 1 of `job`.
   template <int WN>
   __device__ static void run(gemm::GemmOperands const& op, gemm::impl::TileJob const& job,
-                             TaskContext& ctx) {
+                             std::uint32_t tiles, TaskContext& ctx) {
     using namespace gemm;
     GemmConfig const cfg = op.config;
     auto* const raw = static_cast<unsigned char*>(ctx.shared_memory());
     impl::PipelineSmem sm;
     sm.full = reinterpret_cast<std::uint64_t*>(raw);
     sm.empty = sm.full + kMaxStages;
+    sm.drained = sm.empty + kMaxStages;
     sm.stages = reinterpret_cast<unsigned char*>(
         (reinterpret_cast<std::uintptr_t>(raw) + kControlBytes + 1023u) & ~std::uintptr_t{1023});
-    auto* const flag = reinterpret_cast<std::uint32_t*>(sm.empty + kMaxStages);
+    auto* const flag = reinterpret_cast<std::uint32_t*>(sm.drained + 1);
     unsigned const thread = threadIdx.x, warp = thread / 32u;
     impl::WarpTile const wt = impl::warp_tile(cfg, warp);
     // In the M split a warpgroup whose 64 rows are all invalid skips its MMAs.
@@ -263,19 +300,35 @@ struct GemmTileTask {
     // consumers borrow the producer warpgroup's (setmaxnreg), and both give them back at the end.
     constexpr bool kReconfigure = WN == 256;
 
+    // Where tile t of a run stages its finished (or, split-K, raw) rows: stages plan.first(t) on.
+    // A single-tile task stages at the start of the stage area.
+    impl::StagingPlan const plan =
+        impl::StagingPlan::make(cfg, job.k_block_count,
+                                cfg.block_m * (cfg.splits == 1 ? impl::finished_row_stride(op)
+                                                               : impl::staging_row_stride(cfg)));
+
     if (wgmma && thread == 0) {
       for (std::uint32_t s = 0; s < cfg.stages; ++s) {
         ptx::mbarrier_init(sm.full + s, 1);
         ptx::mbarrier_init(sm.empty + s, kConsumerThreads / 32);
       }
+      if constexpr (kRuns) ptx::mbarrier_init(sm.drained, kConsumerThreads / 32);
       ptx::fence_mbarrier_init();
     }
     __syncthreads();
     if (thread >= kConsumerThreads) {  // producer warpgroup
       if constexpr (kReconfigure) ptx::setmaxnreg_dec<kProducerRegs>();
       if (wgmma) {
-        if (thread == kConsumerThreads) impl::produce_tiles(op, job, sm, ctx);
+        if (thread == kConsumerThreads)
+          impl::produce_tiles(op, job, kRuns ? tiles : 1u, plan, sm, ctx);
         __syncwarp();
+      } else if constexpr (kRuns) {
+        float unused[WN / 2];
+        for (std::uint32_t t = 0; t < tiles; ++t) {
+          impl::mma_sync_mainloop<WN, false>(unused, op, next_tile(job, cfg, t), sm.stages, wt,
+                                             false);
+          __syncthreads();  // the consumers have delivered tile t
+        }
       } else {
         float unused[WN / 2];
         impl::mma_sync_mainloop<WN, false>(unused, op, job, sm.stages, wt, false);
@@ -290,11 +343,31 @@ struct GemmTileTask {
     } else {  // consumer warpgroups
       if constexpr (kReconfigure) ptx::setmaxnreg_inc<kConsumerRegs>();
       float acc[WN / 2];
-      if (wgmma)
-        impl::consume_tiles<WN>(acc, op, job, sm, ctx, warp, active);
-      else
-        impl::mma_sync_mainloop<WN, true>(acc, op, job, sm.stages, wt, active);
-      finish<WN>(acc, op, job, sm.stages, wt, flag, ctx);
+      std::uint32_t stage = 0, phase = 0;
+      if constexpr (!kRuns) {
+        if (wgmma)
+          impl::consume_tiles<WN>(acc, op, job, sm, ctx, warp, active, stage, phase);
+        else
+          impl::mma_sync_mainloop<WN, true>(acc, op, job, sm.stages, wt, active);
+        finish<WN>(acc, op, job, sm.stages, wt, flag, ctx);
+      }
+      for (std::uint32_t t = 0; kRuns && t < tiles; ++t) {
+        impl::TileJob const tile = next_tile(job, cfg, t);
+        if (wgmma)
+          impl::consume_tiles<WN>(acc, op, tile, sm, ctx, warp, active, stage, phase);
+        else
+          impl::mma_sync_mainloop<WN, true>(acc, op, tile, sm.stages, wt, active);
+        finish<WN>(acc, op, tile, wgmma ? sm.stages + plan.first(t) * cfg.stage_bytes() : sm.stages,
+                   wt, flag, ctx);
+        if (wgmma) {
+          // This warp's reads of the staged tile come before the producer's TMA writes there.
+          ptx::fence_proxy_async_shared();
+          __syncwarp();
+          if (thread % 32u == 0) ptx::mbarrier_arrive(sm.drained);
+        } else {
+          __syncthreads();  // the producer warpgroup's next loads overwrite the staged tile
+        }
+      }
       if constexpr (kReconfigure) {
         ptx::setmaxnreg_dec<kEntryRegs>();
         ptx::named_barrier_arrive(impl::kRegisterBarrier, kThreads);
@@ -306,7 +379,16 @@ struct GemmTileTask {
         ptx::mbarrier_inval(sm.full + s);
         ptx::mbarrier_inval(sm.empty + s);
       }
+      if constexpr (kRuns) ptx::mbarrier_inval(sm.drained);
     }
+  }
+
+  // Tile t of the run that starts at `job`.
+  __device__ static gemm::impl::TileJob next_tile(gemm::impl::TileJob job,
+                                                  gemm::GemmConfig const& cfg, std::uint32_t t) {
+    job.n_tile += t;
+    job.n0 += t * cfg.block_n;
+    return job;
   }
 
   // Consumer threads: the finished tile into the staging tile (reusing the stage area once both
@@ -343,5 +425,6 @@ struct GemmTileTask {
 };
 
 using GemmTile = GemmTileTask<>;
+using GemmRunTile = GemmTileTask<gemm::LocalTileSink, true>;
 
 }  // namespace loom::tasks

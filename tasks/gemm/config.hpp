@@ -33,10 +33,14 @@ enum class MmaPath : std::uint8_t { wgmma = 0, mma_sync = 1 };
 inline constexpr std::uint32_t kBlockK = 64;             // bf16 elements per K block
 inline constexpr std::uint32_t kRowBytes = kBlockK * 2;  // one swizzle row: 128 bytes
 inline constexpr std::uint32_t kMaxStages = 8;
-// Stages, reused for the epilogue: 208 KB holds five 64x256 stages (40 KB each: one more in flight
-// for the memory-bound short tiles than 192 KB) and leaves the runtime and L1 the rest of the 227.
+// The pipeline barrier numbers a failed wait reports: full[s] is s, empty[s] is kMaxStages + s,
+// and this one the barrier on which the consumers say a run's staged tile is delivered.
+inline constexpr std::uint32_t kDrainedBarrier = 2 * kMaxStages;
+// Stages, reused for the epilogue (a staged tile covers whole stages): 208 KB holds five 64x256
+// stages (40 KB each: one more in flight for the memory-bound short tiles than 192 KB) and leaves
+// the runtime and L1 the rest of the 227.
 inline constexpr std::uint32_t kStageAreaBytes = 208 * 1024;
-inline constexpr std::uint32_t kConsumerThreads = 256;        // warpgroups 0 and 1
+inline constexpr std::uint32_t kConsumerThreads = 256;                 // warpgroups 0 and 1
 inline constexpr std::uint32_t kProducerWarp = kConsumerThreads / 32;  // warp 8: warpgroup 2
 inline constexpr std::uint32_t kThreads = kConsumerThreads + 128;
 // Registers per thread: what __launch_bounds__(384, 1) gives every warp at entry (65536 / 384,

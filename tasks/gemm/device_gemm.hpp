@@ -61,14 +61,15 @@ class DeviceGemm {
 // dispatch instead of a scheduler round trip: when many equal tiles finish together, processors
 // otherwise wait for the scheduler to hand them their next task one at a time (~10 us for 131
 // processors on an H200). Use the executor's processor count. Only the chain tails complete
-// `completes`: min(tasks, chains) arrivals.
+// `completes`: min(tasks, chains) arrivals. run > 1: tasks of up to `run` n tiles each.
 template <class Pipeline, class Task = GemmTile>
 std::uint32_t add_gemm_tiles(GraphBuilder& builder, DeviceGemm const& gemm,
                              GemmRowBlock const& block, std::uint32_t& next_slot,
                              EventId completes = kNoEvent, std::vector<EventId> const& after = {},
-                             std::uint32_t group_m = kRasterGroupM, std::uint32_t chains = 0) {
+                             std::uint32_t group_m = kRasterGroupM, std::uint32_t chains = 0,
+                             std::uint32_t run = 1) {
   auto const payloads =
-      gemm_tile_payloads<Task>(gemm.host_view(), gemm.device(), block, next_slot, group_m);
+      gemm_tile_payloads<Task>(gemm.host_view(), gemm.device(), block, next_slot, group_m, run);
   std::size_t const n = payloads.size();
   std::vector<EventId> done(n, completes);
   if (chains > 0)

@@ -79,4 +79,25 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
   return best;
 }
 
+// N-tiles per task for a whole GEMM built of run tasks (GemmRunTile, add_gemm_tiles' `run`): of
+// runs of 4, 2 and 1, the one whose tasks finish in the fewest tile times,
+//   ceil(m_tiles x ceil(n_tiles / run) / processors) x run,
+// the longest among equals (a run overlaps each tile's epilogue with the next tile's loads and
+// saves a dispatch per tile). 1 with split-K.
+inline std::uint32_t choose_gemm_run(GemmConfig const& cfg, std::uint32_t m, std::uint32_t n,
+                                     GemmDeviceModel const& dev = {}) {
+  if (cfg.splits > 1 || m == 0 || n == 0) return 1;
+  std::uint64_t const m_tiles = (m + cfg.block_m - 1) / cfg.block_m;
+  std::uint64_t const n_tiles = (n + cfg.block_n - 1) / cfg.block_n;
+  std::uint32_t best = 1;
+  std::uint64_t best_time = ~std::uint64_t{0};
+  for (std::uint32_t run : {4u, 2u, 1u}) {
+    if (run > n_tiles) continue;
+    std::uint64_t const tasks = m_tiles * ((n_tiles + run - 1) / run);
+    std::uint64_t const time = (tasks + dev.processors - 1) / dev.processors * run;
+    if (time < best_time) best_time = time, best = run;
+  }
+  return best;
+}
+
 }  // namespace loom::tasks::gemm

@@ -39,7 +39,7 @@ std::vector<g::Bf16> random_bf16(std::size_t n, std::mt19937& rng, float scale) 
 // Runs `h` through the CPU executor; returns the relative error against float64, and checks that
 // nothing outside the valid rows and columns was written.
 template <class Task = GemmTile>
-double run_host_gemm(HostGemm const& h) {
+double run_host_gemm(HostGemm const& h, std::uint32_t run = 1) {
   std::uint32_t const seed = fresh_seed();
   SCOPED_TRACE(seed_trace(seed));
   std::mt19937 rng(seed);
@@ -68,8 +68,8 @@ double run_host_gemm(HostGemm const& h) {
   std::uint32_t slot = 0;
   for (std::uint32_t e = 0; e < h.experts; ++e)
     if (h.rows[e] > 0)
-      for (auto const& p :
-           g::gemm_tile_payloads<Task>(op, &op, {e, row0[e], row0[e], h.rows[e]}, slot))
+      for (auto const& p : g::gemm_tile_payloads<Task>(op, &op, {e, row0[e], row0[e], h.rows[e]},
+                                                       slot, g::kRasterGroupM, run))
         builder.add_task(Pipeline<Task>::template make<Task>(p));
   CpuOptions options;
   options.processors = 3;
@@ -148,6 +148,52 @@ TEST(GemmHost, SplitKAndEveryTileShapeMatchFloat64) {
     h.act = g::GemmActivation::swiglu, h.out = g::OutputType::fp32;
     EXPECT_LT(run_host_gemm(h), 1e-5) << bm << "x" << bn << " split " << splits;
   }
+}
+
+// Tasks of runs of N-tiles (the last run shorter) compute the same function.
+TEST(GemmHost, RunsOfNTilesMatchFloat64) {
+  for (std::uint32_t run : {2u, 3u, 5u}) {
+    HostGemm h;
+    h.cfg.block_m = 128, h.cfg.block_n = 64;
+    h.cfg.stages = static_cast<std::uint8_t>(h.cfg.max_stages());
+    h.k = 136, h.n = 7 * 64 + 32, h.experts = 2, h.rows = {140, 5};
+    h.act = g::GemmActivation::swiglu;
+    EXPECT_LT(run_host_gemm<tasks::GemmRunTile>(h, run), 1e-2) << "run " << run;
+  }
+}
+
+TEST(GemmHost, RunHeuristicKeepsEveryProcessorBusy) {
+  g::GemmConfig cfg;
+  cfg.block_m = 128, cfg.block_n = 256;
+  EXPECT_EQ(g::choose_gemm_run(cfg, 8192, 8192), 4u);  // 512 tasks: 4 waves of 4 tiles
+  EXPECT_EQ(g::choose_gemm_run(cfg, 4096, 4096), 4u);  // 128 tasks: one wave of 4 tiles
+  EXPECT_EQ(g::choose_gemm_run(cfg, 128, 7168), 1u);   // 28 tiles: runs would idle processors
+  EXPECT_EQ(g::choose_gemm_run(cfg, 1024, 512), 1u);   // 2 n tiles, 16 tasks
+  cfg.splits = 2;
+  EXPECT_EQ(g::choose_gemm_run(cfg, 8192, 8192), 1u);
+}
+
+TEST(GemmHost, RunPayloadsAreChecked) {
+  HostGemm h;
+  h.cfg.block_m = 128, h.cfg.block_n = 64;
+  std::vector<g::Bf16> a(64 * 128), b(256 * 128);
+  std::vector<float> c(64 * 256);
+  g::GemmDesc d;
+  d.a = a.data(), d.a_rows = 64, d.b = b.data(), d.n = 256, d.k = 128, d.c = c.data();
+  d.output = g::OutputType::fp32;
+  g::GemmOperands op = g::make_operands(d, h.cfg);
+  tasks::GemmTileCoord t;
+  t.rows = 64, t.n_tile = 2, t.count = 3;  // tiles 2, 3, 4 of 4
+  EXPECT_THROW(tasks::GemmRunTile::payload(op, &op, t), Error);
+  t.count = 0;
+  EXPECT_THROW(tasks::GemmRunTile::payload(op, &op, t), Error);
+  t.count = 2;
+  EXPECT_NO_THROW(tasks::GemmRunTile::payload(op, &op, t));
+  EXPECT_THROW(GemmTile::payload(op, &op, t), Error);  // a single-tile task type
+  h.cfg.splits = 2;
+  g::GemmOperands split = g::make_operands(d, h.cfg);
+  split.slots = 1;
+  EXPECT_THROW(tasks::GemmRunTile::payload(split, &split, t), Error);
 }
 
 // A user sink: writes each tile's rows, reversed left to right, into C. Shows the hook's contract

@@ -18,8 +18,10 @@
 namespace {
 
 namespace g = loom::tasks::gemm;
+using loom::tasks::GemmRunTile;
 using loom::tasks::GemmTile;
 using GemmPipeline = loom::Pipeline<GemmTile>;
+using GemmRunPipeline = loom::Pipeline<GemmRunTile>;
 
 struct Case {
   std::string name;
@@ -33,6 +35,7 @@ struct Case {
   g::MmaPath path = g::MmaPath::wgmma;
   std::uint8_t overlap = 1;
   std::uint32_t chains = 0;  // > 0: tiles strung into chains (local dispatch)
+  std::uint32_t run = 1;     // N-tiles per task
 };
 
 std::ostream& operator<<(std::ostream& os, Case const& c) {
@@ -56,7 +59,8 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float lo, flo
   return v;
 }
 
-void run_case(Case const& c, int launches = 2) {
+template <class Pipeline, class Task>
+void run_case_with(Case const& c, int launches) {
   unsigned const seed = std::random_device{}();
   SCOPED_TRACE(c.name + ", seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -109,10 +113,10 @@ void run_case(Case const& c, int launches = 2) {
   for (std::uint32_t e = 0; e < c.experts; ++e)
     if (c.rows[e] > 0)
       tasks +=
-          g::add_gemm_tiles<GemmPipeline>(builder, gemm, {e, row0[e], row0[e], c.rows[e]}, slot,
-                                          loom::kNoEvent, {}, g::kRasterGroupM, c.chains);
+          g::add_gemm_tiles<Pipeline, Task>(builder, gemm, {e, row0[e], row0[e], c.rows[e]}, slot,
+                                            loom::kNoEvent, {}, g::kRasterGroupM, c.chains, c.run);
   ASSERT_GT(tasks, 0u);
-  loom::GpuExecutor<GemmPipeline> ex(builder.build());
+  loom::GpuExecutor<Pipeline> ex(builder.build());
 
   // float64 reference of the valid region.
   std::vector<double> ref(std::size_t{a_rows} * n_out, 0.0);
@@ -194,6 +198,14 @@ void run_case(Case const& c, int launches = 2) {
   }
 }
 
+// Runs of N-tiles go through the run task type, single tiles through GemmTile.
+void run_case(Case const& c, int launches = 2) {
+  if (c.run > 1)
+    run_case_with<GemmRunPipeline, GemmRunTile>(c, launches);
+  else
+    run_case_with<GemmPipeline, GemmTile>(c, launches);
+}
+
 Case make(std::string name, std::uint16_t bm, std::uint16_t bn, g::MmaPath path,
           g::GemmActivation act = g::GemmActivation::none,
           g::OutputType out = g::OutputType::bf16) {
@@ -267,6 +279,39 @@ std::vector<Case> all_cases() {
     chained_sync.chains = 3;
     v.push_back(chained_sync);
   }
+  // Runs of N-tiles per task (the last one partial): the staged tile takes one stage (SwiGLU
+  // bf16), several (fp32), or all of them (two stages), and the next tile's loads fill the rest
+  // meanwhile; one K block per tile makes the producer wait for every delivery.
+  for (P path : {P::wgmma, P::mma_sync}) {
+    std::string const p = std::string(g::to_string(path)) + "_run";
+    for (auto [bm, bn] :
+         {std::pair<int, int>{128, 64}, {128, 128}, {128, 256}, {64, 128}, {64, 256}}) {
+      Case c = make(p + "3_tile" + std::to_string(bm) + "x" + std::to_string(bn),
+                    static_cast<std::uint16_t>(bm), static_cast<std::uint16_t>(bn), path);
+      c.run = 3;
+      v.push_back(c);
+    }
+    Case swiglu = make(p + "2_swiglu_tile128x256", 128, 256, path, A::swiglu);
+    swiglu.n = 6 * 256, swiglu.k = 1000, swiglu.run = 2;
+    v.push_back(swiglu);
+    Case fp32 = make(p + "4_fp32_gelu_tile128x256", 128, 256, path, A::gelu_tanh, O::fp32);
+    fp32.n = 5 * 256, fp32.k = 512, fp32.run = 4;
+    v.push_back(fp32);
+    Case down = make(p + "4_fp32_tile64x256", 64, 256, path, A::none, O::fp32);
+    down.n = 8 * 256, down.k = 768, down.run = 4;
+    v.push_back(down);
+    Case one_block = make(p + "5_k64_relu_tile128x128", 128, 128, path, A::relu);
+    one_block.n = 9 * 128, one_block.k = 64, one_block.run = 5;
+    v.push_back(one_block);
+  }
+  {
+    Case c = make("wgmma_run3_two_stages_tile128x256", 128, 256, P::wgmma, A::relu);
+    c.stages = 2, c.k = 1024, c.n = 7 * 256, c.run = 3;
+    v.push_back(c);
+    Case d = make("wgmma_run2_chained_swiglu_tile64x256", 64, 256, P::wgmma, A::swiglu);
+    d.n = 4 * 256, d.k = 448, d.run = 2, d.chains = 4;
+    v.push_back(d);
+  }
   return v;
 }
 
@@ -309,6 +354,9 @@ TEST(GpuGemmRegisterSplit, ShortWideTilesGiveBorrowedRegistersBack) {
   c.experts = 16;
   c.rows.assign(c.experts, 4 * 128);
   c.n = 1024, c.k = 64;
+  run_case(c, 20);
+  c.name = "register_split_128x256_k64_run4";
+  c.run = 4;
   run_case(c, 20);
 }
 
