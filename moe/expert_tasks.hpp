@@ -59,7 +59,6 @@ LOOM_HD inline typename Gemm::Payload gemm_tile(TilePayload const& p,
   g.a_row0 = p.row0;
   g.c_row0 = p.row0;
   g.n_tile = p.ntile;
-  g.count = 1;
   g.slot = 0;
   g.rows = p.rows;
   g.split = 0;

@@ -76,7 +76,7 @@ struct GemmTileTask {
     std::uint32_t slot;
     std::uint16_t rows;
     std::uint16_t split;
-    std::uint16_t count;  // N-tiles in the run, >= 1
+    std::uint16_t count = 1;  // N-tiles in the run, >= 1
   };
   static_assert(sizeof(Payload) <= 48);
 

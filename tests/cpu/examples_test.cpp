@@ -148,6 +148,17 @@ TEST(FusedMlp, OutputTilesWaitOnlyForTheirOwnHiddenRowBlock) {
   EXPECT_EQ(g.roots.size(), row_tiles * hidden_col_tiles);
 }
 
+// A small ReLU layer can zero every hidden unit, and its reference is then all zeros: exact
+// zeros match it, anything else does not (the error used to be 0 / 0).
+TEST(FusedMlp, RelativeErrorAgainstAnAllZeroReference) {
+  std::vector<double> const zero(3, 0.0);
+  EXPECT_EQ(examples::relative_error(std::vector<float>(3, 0.0f), zero), 0.0);
+  EXPECT_FALSE(examples::relative_error(std::vector<float>{0.0f, 1e-3f, 0.0f}, zero) <
+               kFp32Tolerance);
+  EXPECT_FALSE(examples::relative_error(std::vector<float>{0.0f, kNaN, 0.0f}, zero) <
+               kFp32Tolerance);
+}
+
 TEST(FusedMlp, RejectsZeroExtents) {
   FusedMlpProblem p;
   p.tile_h = 0;

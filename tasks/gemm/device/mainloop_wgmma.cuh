@@ -51,10 +51,6 @@ struct StagingPlan {
     std::uint32_t const last = ((tile + 1u) * k_blocks - 1u) % stages;
     return last + 1u >= span ? last + 1u - span : stages - span;
   }
-  __device__ LOOM_INLINE bool covers(std::uint32_t tile, std::uint32_t stage) const {
-    std::uint32_t const f = first(tile);
-    return stage >= f && stage < f + span;
-  }
 };
 
 // Lane 0 of the producer warp: streams the K blocks of this split, or of each of `tiles` N-tiles
@@ -67,13 +63,16 @@ __device__ inline void produce_tiles(GemmOperands const& op, TileJob const& job,
   std::uint32_t stage = 0, phase = 0;
   for (std::uint32_t t = 0; t < tiles; ++t) {
     std::int32_t const n0 = static_cast<std::int32_t>(job.n0 + t * cfg.block_n);
-    // Tile t - 1's staged values may still be being delivered. Waiting no later than this tile's
-    // last K block keeps `drained` at most one phase ahead of this wait's parity.
+    // Tile t - 1's staged values, in stages [staged, staged + span), may still be being delivered.
+    // Waiting no later than this tile's last K block keeps `drained` at most one phase ahead of
+    // this wait's parity.
     bool staged_pending = t > 0;
+    std::uint32_t const staged = staged_pending ? plan.first(t - 1u) : 0u;
     for (std::uint32_t i = 0; i < job.k_block_count; ++i) {
       // A fresh barrier counts as having completed the phase before phase 0: parity 1 passes.
       if (!wait_barrier(sm.empty + stage, phase ^ 1u, ctx, kMaxStages + stage)) return;
-      if (staged_pending && (plan.covers(t - 1u, stage) || i + 1u == job.k_block_count)) {
+      bool const into_staged = stage >= staged && stage < staged + plan.span;
+      if (staged_pending && (into_staged || i + 1u == job.k_block_count)) {
         if (!wait_barrier(sm.drained, (t - 1u) & 1u, ctx, kDrainedBarrier)) return;
         staged_pending = false;
       }
