@@ -241,8 +241,32 @@ void BM_GemmVsCublas(benchmark::State& state) {
                  " input sets");
 }
 
+// What a bare launch of the persistent kernel's shape costs: the same grid, block and dynamic
+// shared memory, an empty body.
+__global__ void empty_wide_kernel() {
+  extern __shared__ uint4 unused[];
+  (void)unused;
+}
+
+// Writes the global timer (the clock the trace uses) when it runs: launched just before and just
+// after a traced persistent launch, it brackets the tile's start and end.
+__global__ void stamp_kernel(std::uint64_t* out) {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *out = t;
+}
+
 // The fixed cost of one persistent launch carrying one tiny GEMM tile (1 x 64 x 64): the floor
-// under every GEMM in this benchmark.
+// under every GEMM in this benchmark, and its parts. Counters (µs, medians):
+//   launch_us           back-to-back launches of the persistent kernel with that one tile;
+//   bare_coop_us        back-to-back cooperative launches of an empty kernel of the same shape;
+//   bare_us             the same, launched without the cooperative attribute;
+// and from traced launches bracketed by stamp kernels on the same stream:
+//   to_first_ask_us     the stamp kernel before it to the processor's first request for a task;
+//   first_wait_us       that request to the doorbell that hands it the tile (start-up handshake);
+//   tile_us             the tile task itself;
+//   after_tile_us       the tile's end to the stamp kernel after the launch (end of the graph,
+//                       stop doorbells, blocks leaving, the next launch starting).
 void BM_GemmLaunchFloor(benchmark::State& state) {
   if (loom::cuda_device_count() == 0) {
     state.SkipWithError("no GPU");
@@ -259,20 +283,67 @@ void BM_GemmLaunchFloor(benchmark::State& state) {
   loom::GraphBuilder builder;
   std::uint32_t slot = 0;
   g::add_gemm_tiles<GemmPipeline, loom::tasks::GemmRunTile>(builder, gemm, {0, 0, 0, 1}, slot);
-  loom::GpuExecutor<GemmPipeline> ex(builder.build());
+  loom::Graph const graph = builder.build();
+  loom::GpuExecutor<GemmPipeline> ex(graph);
   ex.run();
+  loom::GpuOptions traced_options;
+  traced_options.trace_capacity = 64;
+  loom::GpuExecutor<GemmPipeline> traced(graph, traced_options);
+  traced.run();
+  (void)traced.take_trace();
+
+  auto const shape = ex.shape();
+  LOOM_CUDA(cudaFuncSetAttribute(empty_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(shape.shared_bytes)));
+  auto bare = [&](bool cooperative) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(shape.grid);
+    config.blockDim = dim3(shape.threads);
+    config.dynamicSmemBytes = shape.shared_bytes;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeCooperative;
+    attribute.val.cooperative = 1;
+    config.attrs = &attribute;
+    config.numAttrs = cooperative ? 1 : 0;
+    LOOM_CUDA(cudaLaunchKernelEx(&config, empty_wide_kernel));
+  };
+  loom::DeviceBuffer<std::uint64_t> stamps(2);
+
   EventTimer ev;
   constexpr int kLaunches = 20;
-  std::vector<double> t;
-  for (auto _ : state) {
+  std::vector<double> t, coop, plain, to_ask, wait, tile, after;
+  auto timed = [&](auto&& launch_once) {
     ev.start(nullptr);
-    for (int i = 0; i < kLaunches; ++i) ex.launch();
-    double const s = ev.stop_seconds(nullptr) / kLaunches;
+    for (int i = 0; i < kLaunches; ++i) launch_once();
+    return ev.stop_seconds(nullptr) / kLaunches;
+  };
+  for (auto _ : state) {
+    double const s = timed([&] { ex.launch(); });
     state.SetIterationTime(s);
     t.push_back(s);
+    coop.push_back(timed([&] { bare(true); }));
+    plain.push_back(timed([&] { bare(false); }));
+    stamp_kernel<<<1, 1>>>(stamps.get());
+    traced.launch();
+    stamp_kernel<<<1, 1>>>(stamps.get() + 1);
+    traced.check();
+    auto const trace = traced.take_trace();
+    auto const st = stamps.download();
+    if (trace.size() != 1) throw loom::Error("launch floor: expected one trace record");
+    auto const& r = trace[0];
+    to_ask.push_back((double(r.start_ns) - r.wait_ns - double(st[0])) * 1e-9);
+    wait.push_back(r.wait_ns * 1e-9);
+    tile.push_back((double(r.end_ns) - double(r.start_ns)) * 1e-9);
+    after.push_back((double(st[1]) - double(r.end_ns)) * 1e-9);
   }
   ex.check();
   state.counters["launch_us"] = median(t) * 1e6;
+  state.counters["bare_coop_us"] = median(coop) * 1e6;
+  state.counters["bare_us"] = median(plain) * 1e6;
+  state.counters["to_first_ask_us"] = median(to_ask) * 1e6;
+  state.counters["first_wait_us"] = median(wait) * 1e6;
+  state.counters["tile_us"] = median(tile) * 1e6;
+  state.counters["after_tile_us"] = median(after) * 1e6;
 }
 BENCHMARK(BM_GemmLaunchFloor)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
 

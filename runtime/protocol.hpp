@@ -43,7 +43,8 @@ LOOM_HD void release_fanout(RuntimeState const& s, EventId e, std::uint64_t epoc
   for (std::uint32_t i = ev.succ_begin; i < ev.succ_end; ++i) {
     std::uint64_t const word = s.graph.successors[i];
     std::uint32_t const entry = static_cast<std::uint32_t>(word);
-    if (gate_opened(s, entry & kRefMask, static_cast<std::uint32_t>(word >> 32), epoch)) push(entry);
+    if (gate_opened(s, entry & kRefMask, static_cast<std::uint32_t>(word >> 32), epoch))
+      push(entry);
   }
 }
 
@@ -62,12 +63,12 @@ LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t 
   std::uint32_t const m = ev.succ_end - ev.succ_begin;
   if (m > kFanOutAbove) return queue_push(s.ready, fanout_entry(e), dog);
   std::uint64_t words[kPushChunk];
-LOOM_UNROLL
+  LOOM_UNROLL
   for (std::uint32_t i = 0; i < kPushChunk; ++i)
     if (i < m) words[i] = s.graph.successors[ev.succ_begin + i];
   std::uint32_t chunk[kPushChunk];
   std::uint32_t n = 0;
-LOOM_UNROLL
+  LOOM_UNROLL
   for (std::uint32_t i = 0; i < kPushChunk; ++i) {
     if (i >= m) continue;
     std::uint32_t const entry = static_cast<std::uint32_t>(words[i]);
@@ -79,7 +80,8 @@ LOOM_UNROLL
     }
     chunk[n++] = entry;
   }
-  return n == 0 || queue_push_chunk(s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog);
+  return n == 0 || queue_push_chunk(
+                       s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog);
 }
 
 // Appends one task's trace record (when tracing is on; records past the capacity are dropped).
@@ -129,10 +131,13 @@ struct ProcessorLink {
   std::uint64_t taken_ns;   // when the running task was taken
   std::uint64_t last_ns;    // how long the previous task took, taken to finished
 
-  // Processor `me` at the start of a launch.
+  // Processor `me` at the start of a launch: its first credit is already with the scheduler
+  // (kStartReport), so it waits for ring 1 without reporting.
   LOOM_HD static ProcessorLink start(std::uint32_t me) {
     ProcessorLink link{};
     link.me = me;
+    link.credits = report_credits(kStartReport);
+    link.credit_out = true;
     link.kept = kStopRef;
     return link;
   }

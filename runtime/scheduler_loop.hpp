@@ -38,7 +38,7 @@ LOOM_HD LOOM_INLINE void end_launch(RuntimeState const& s, std::uint64_t epoch, 
   // Every processor is waiting on its doorbell with its last report taken in (the scheduler holds
   // every credit), so nothing writes a report word after this.
   if (ok)
-    for (std::uint32_t p = 0; p < s.processors; ++p) store_relaxed(s.reports[p], std::uint64_t{0});
+    for (std::uint32_t p = 0; p < s.processors; ++p) store_relaxed(s.reports[p], kStartReport);
   for (std::uint32_t p = 0; p < s.processors; ++p) doorbell_stop(s.doorbells[p]);
   if (ok) store_release(c.epoch.value, epoch + 1);
 }
@@ -52,14 +52,17 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
   ReadyList<Policy> ready(s);  // the roots are already in it
 
   // Credits held (processors whose doorbell may be rung), oldest first: s.idle_list is a ring of
-  // `processors` entries from idle_head to idle_tail, each the processor and the ring to send. Oldest first matters with prefetch: a
-  // processor that has waited idle gets work before one that just started a task.
-  std::uint64_t idle_head = 0, idle_tail = 0;
+  // `processors` entries from idle_head to idle_tail, each the processor and the ring to send.
+  // Oldest first matters with prefetch: a processor that has waited idle gets work before one that
+  // just started a task. It starts with every processor's first credit (kStartReport).
+  std::uint64_t idle_head = 0, idle_tail = s.processors;
+  for (std::uint32_t p = 0; p < s.processors; ++p)
+    s.idle_list[p] = idle_entry(p, report_credits(kStartReport));
   std::uint64_t completed = 0;  // tasks reported done by processors
   std::uint64_t ready_pos = load_relaxed(*s.ready.head);
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   store_relaxed(c.drained_at.value, drained_at);
-  for (std::uint32_t p = 0; p < s.processors; ++p) s.reports_seen[p] = 0;
+  for (std::uint32_t p = 0; p < s.processors; ++p) s.reports_seen[p] = kStartReport;
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
   Heartbeat beat(&c.beat.value);
   bool ok = true;

@@ -72,7 +72,7 @@ struct RuntimeState {
   std::uint64_t* gate_arrivals;   // [task_count] monotonic, for tasks with gate_count > 1
   Task* dynamic_tasks;            // [dynamic_bound]
   Counters* counters;
-  QueueView ready;            // entries: level << 30 | ref
+  QueueView ready;              // entries: level << 30 | ref
   std::uint64_t* reports;       // [processors] report words (report_word), one writer each
   Doorbell* doorbells;          // [processors]
   std::uint32_t* ready_list;    // scheduler-private: [kReadyRings][task capacity], roots first
@@ -87,7 +87,8 @@ struct RuntimeState {
   std::uint32_t rank;
   std::uint32_t world;
   std::uint64_t watchdog_ns;  // 0 = unbounded (not recommended)
-  std::uint64_t prefetch_after_ns;  // prefetch once the previous task ran this long (kNoPrefetch: never)
+  // Prefetch once the previous task ran this long (kNoPrefetch: never).
+  std::uint64_t prefetch_after_ns;
 
   LOOM_HD LOOM_INLINE std::uint32_t task_capacity() const {
     return graph.task_count + graph.dynamic_bound;
@@ -110,12 +111,18 @@ inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
 // arrives while the task runs. A processor prefetches when its previous task ran at least
 // prefetch_after_ns: long tasks hide the scheduler's round trip, and short ones would only double
 // the reports the scheduler handles. A report without a new credit only brings the count up to
-// date. The scheduler clears the words when a launch ends well; the host re-initialises them
-// after a failed one.
+// date.
+//
+// A launch starts with every processor's first credit already handed over: each word reads
+// kStartReport (one credit, nothing completed), the scheduler starts holding credit 1 of every
+// processor and rings the roots at once, and each processor starts waiting for ring 1. So the
+// first tasks go out without a report's round trip. The scheduler puts the words back to
+// kStartReport when a launch ends well; the host re-initialises them after a failed one.
 inline constexpr std::uint32_t kMaxProcessors = 1u << 16;
-LOOM_HD LOOM_INLINE std::uint64_t report_word(std::uint32_t credits, std::uint32_t completed) {
+LOOM_HD constexpr std::uint64_t report_word(std::uint32_t credits, std::uint32_t completed) {
   return (std::uint64_t{credits} << 32) | completed;
 }
+inline constexpr std::uint64_t kStartReport = report_word(1, 0);
 LOOM_HD LOOM_INLINE std::uint32_t report_credits(std::uint64_t word) {
   return static_cast<std::uint32_t>(word >> 32);
 }

@@ -125,6 +125,7 @@ void StateLayout::initialize(void* host_image, std::uint64_t epoch) const {
   for (std::uint32_t t = 0; t < s.graph.task_count; ++t)
     s.gate_arrivals[t] = (epoch - 1) * graph_.gate_counts[t];
   for (std::uint32_t i = 0; i < s.ready.capacity; ++i) s.ready.seq[i] = i;
+  for (std::uint32_t p = 0; p < s.processors; ++p) s.reports[p] = kStartReport;
   // Each ready ring starts with its roots, in graph order (FIFO: all of them; priority: by level).
   std::uint32_t fill[kReadyRings] = {};
   for (TaskId t : graph_.roots) {

@@ -195,9 +195,9 @@ __device__ __forceinline__ void release_fanout_warp(RuntimeState const& s,
 #pragma unroll
     for (std::uint32_t k = 0; k < kFanOutLoads; ++k) {
       std::uint32_t const entry = static_cast<std::uint32_t>(words[k]);
-      bool const open = begin + 32 * k + warp::lane_id() < ev.succ_end &&
-                        gate_opened(s, entry & kRefMask, static_cast<std::uint32_t>(words[k] >> 32),
-                                    epoch);
+      bool const open =
+          begin + 32 * k + warp::lane_id() < ev.succ_end &&
+          gate_opened(s, entry & kRefMask, static_cast<std::uint32_t>(words[k] >> 32), epoch);
       ready.push(open, entry);
     }
   }
@@ -213,18 +213,50 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   WarpReadyList<Policy> ready(s);
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
-  for (std::uint32_t p = lane; p < s.processors; p += 32) s.reports_seen[p] = 0;
-  // Credits held, oldest first: a ring in s.idle_list (see scheduler_loop.hpp).
-  std::uint64_t idle_head_pos = 0, idle_tail_pos = 0;
+  // Credits held, oldest first: a ring in s.idle_list (see scheduler_loop.hpp), starting with
+  // every processor's first credit (kStartReport).
+  for (std::uint32_t p = lane; p < s.processors; p += 32) {
+    s.reports_seen[p] = kStartReport;
+    s.idle_list[p] = idle_entry(p, report_credits(kStartReport));
+  }
+  __syncwarp();
+  std::uint64_t idle_head_pos = 0, idle_tail_pos = s.processors;
   std::uint64_t completed = 0;             // tasks reported done
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   if (lane == 0) store_relaxed(c.drained_at.value, drained_at);
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
   Heartbeat beat(&c.beat.value);
+  // Rings the doorbells of the credits held, oldest first, with the ready tasks, one release fence
+  // for all of them. True when it rang any.
+  auto ring_idle = [&] {
+    if (idle_tail_pos == idle_head_pos || ready.size() == 0) return false;
+    warp::fence_release();
+    while (idle_tail_pos != idle_head_pos && ready.size() > 0) {
+      std::uint64_t const idle = idle_tail_pos - idle_head_pos, r = ready.size();
+      std::uint64_t const m = idle < r ? idle : r;
+      std::uint32_t const n = static_cast<std::uint32_t>(m < 32 ? m : 32);
+      TaskRef const ref = ready.take(n);
+      std::uint64_t const credit =
+          lane < n ? s.idle_list[(idle_head_pos + lane) % s.processors] : 0;
+      if (lane < n)
+        store_relaxed(s.doorbells[idle_processor(credit)].word,
+                      doorbell_word(idle_ring(credit), ref));
+      idle_head_pos += n;
+    }
+    return true;
+  };
+  // The roots go out before the first pass: every first credit is already held.
+  ring_idle();
   bool ok = true;
   for (;;) {
     bool progress = false;
     std::uint32_t entries[warp::kPopLoads];
+    // Three lanes read the shared counters in the same round trip as the report words, so the
+    // pass that takes in the last report also ends the launch.
+    std::uint64_t word = 0;
+    if (lane == 1) word = load_relaxed(c.retired.value);
+    if (lane == 2) word = load_relaxed(c.dynamic_emitted.value);
+    if (lane == 3) word = load_relaxed(c.subscribers_in.value);
     if (warp::scan_reports(s, completed, idle_tail_pos)) progress = true;
     // FIFO takes ready entries only until the list covers the credits held and a batch more: a
     // backlog of a thousand emitted tiles is moved over while the processors already run the
@@ -247,37 +279,14 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       progress = true;
     }
     __syncwarp();
-    // One release fence for every doorbell rung in this pass.
-    if (idle_tail_pos != idle_head_pos && ready.size() > 0) warp::fence_release();
-    while (idle_tail_pos != idle_head_pos && ready.size() > 0) {
-      std::uint64_t const idle = idle_tail_pos - idle_head_pos, r = ready.size();
-      std::uint64_t const m = idle < r ? idle : r;
-      std::uint32_t const n = static_cast<std::uint32_t>(m < 32 ? m : 32);
-      TaskRef const ref = ready.take(n);
-      std::uint64_t const credit =
-          lane < n ? s.idle_list[(idle_head_pos + lane) % s.processors] : 0;
-      if (lane < n)
-        store_relaxed(s.doorbells[idle_processor(credit)].word,
-                      doorbell_word(idle_ring(credit), ref));
-      idle_head_pos += n;
-      progress = true;
-    }
+    if (ring_idle()) progress = true;
     if (lane == 0) {
       std::uint64_t const drained = ready.size() == 0 ? ready_head : kNotDrained;
       if (drained != drained_at) store_relaxed(c.drained_at.value, drained_at = drained);
     }
-    // The shared counters decide only when this pass found nothing to do: reading them is a
-    // round trip that a busy pass does not wait for.
-    if (progress) {
-      if (lane == 0) dog.reset();
-      continue;
-    }
-
-    // Four lanes read the shared counters at once; lane 0 decides and broadcasts the decision.
-    std::uint64_t word = 0;
-    if (lane == 1) word = load_relaxed(c.retired.value);
-    if (lane == 2) word = load_relaxed(c.dynamic_emitted.value);
-    if (lane == 3) word = load_relaxed(c.subscribers_in.value);
+    // Lane 0 decides and broadcasts the decision. The counters may be older than the reports
+    // taken in this pass, never newer; both only grow, so a stale value delays the end by a pass
+    // and never ends a launch early.
     std::uint64_t const retired = __shfl_sync(0xFFFFFFFFu, word, 1);
     std::uint64_t const emitted = __shfl_sync(0xFFFFFFFFu, word, 2);
     std::uint64_t const subscribers_in = __shfl_sync(0xFFFFFFFFu, word, 3);
@@ -290,7 +299,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       } else if (completed + retired == total && idle_tail_pos - idle_head_pos == s.processors &&
                  subscribers_in == s.subscribers) {
         decision = 1;
-      } else if (beat.moved()) {
+      } else if (progress || beat.moved()) {
         dog.reset();
       } else {
         Watchdog::Poll const p = dog.poll();
@@ -310,8 +319,14 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       break;
     }
   }
+  if (lane == 0 && ok && has_error(*s.error)) ok = false;
+  ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
+  // The stops go out first, behind no fence: a stopped processor reads nothing that the stores
+  // below write (the next launch sees them after this kernel ends), so its block leaves while
+  // they drain.
+  for (std::uint32_t p = lane; p < s.processors; p += 32)
+    store_relaxed(s.doorbells[p].word, doorbell_word(0, kStopRef));
   if (lane == 0) {
-    if (ok && has_error(*s.error)) ok = false;
     store_relaxed(*s.ready.head, ready_head);
     if (ok) {
       store_relaxed(c.dynamic_emitted.value, std::uint64_t{0});
@@ -320,13 +335,11 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     }
     store_release(c.stopped.value, epoch);
   }
-  ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
   // As in end_launch: with every credit held, no processor writes its report word again.
   if (ok)
-    for (std::uint32_t p = lane; p < s.processors; p += 32) store_relaxed(s.reports[p], std::uint64_t{0});
-  warp::fence_release();
-  for (std::uint32_t p = lane; p < s.processors; p += 32)
-    store_relaxed(s.doorbells[p].word, doorbell_word(0, kStopRef));
+    for (std::uint32_t p = lane; p < s.processors; p += 32)
+      store_relaxed(s.reports[p], kStartReport);
+  __syncwarp();
   if (lane == 0 && ok) store_release(c.epoch.value, epoch + 1);
 }
 
