@@ -14,10 +14,13 @@
 #endif
 
 // Unrolls the next loop in device code (host compilers do not know the pragma).
+// LOOM_NO_UNROLL keeps the next loop rolled (see arrive in runtime/protocol.hpp).
 #if defined(__CUDA_ARCH__)
 #define LOOM_UNROLL _Pragma("unroll")
+#define LOOM_NO_UNROLL _Pragma("unroll 1")
 #else
 #define LOOM_UNROLL
+#define LOOM_NO_UNROLL
 #endif
 
 // True while compiling the device side of a .cu translation unit.
@@ -41,7 +44,7 @@ inline constexpr TaskRef kRefMask = 0x3FFFFFFFu;  // an entry without its level
 inline constexpr std::uint32_t kFanOutFlag = 1u << 29;
 inline constexpr std::uint32_t kMaxTasksPerLaunch = kFanOutFlag - 1;  // refs 0 .. this - 1
 inline constexpr std::uint32_t kMaxEventsPerLaunch = kFanOutFlag;     // ids 0 .. this - 1
-inline constexpr TaskRef kStopRef = 0xFFFFFFFFu;               // doorbell: leave the loop
+inline constexpr TaskRef kStopRef = 0xFFFFFFFFu;                      // doorbell: leave the loop
 inline constexpr EventId kNoEvent = 0xFFFFFFFFu;
 inline constexpr int kMaxRanks = 8;
 

@@ -26,9 +26,12 @@ LOOM_HD LOOM_INLINE EventId first_unfired_event(RuntimeState const& s, std::uint
 }
 
 // Ends the launch: every actor is told to stop; on success the per-launch counters are cleared and
-// the epoch advances, so the next launch starts clean without the host touching anything.
+// the epoch advances, so the next launch starts clean without the host touching anything. The
+// stops go first: a stopped processor reads none of what follows (the next launch does, after this
+// one has been joined or its kernel has ended).
 LOOM_HD LOOM_INLINE void end_launch(RuntimeState const& s, std::uint64_t epoch, bool ok) {
   Counters& c = *s.counters;
+  for (std::uint32_t p = 0; p < s.processors; ++p) doorbell_stop(s.doorbells[p]);
   if (ok) {
     store_relaxed(c.dynamic_emitted.value, std::uint64_t{0});
     store_relaxed(c.retired.value, std::uint64_t{0});
@@ -39,7 +42,6 @@ LOOM_HD LOOM_INLINE void end_launch(RuntimeState const& s, std::uint64_t epoch, 
   // every credit), so nothing writes a report word after this.
   if (ok)
     for (std::uint32_t p = 0; p < s.processors; ++p) store_relaxed(s.reports[p], kStartReport);
-  for (std::uint32_t p = 0; p < s.processors; ++p) doorbell_stop(s.doorbells[p]);
   if (ok) store_release(c.epoch.value, epoch + 1);
 }
 
