@@ -245,7 +245,10 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     }
     return true;
   };
-  // The roots go out before the first pass: every first credit is already held.
+  // The roots go out before the first pass: every first credit is already held. The warp
+  // barrier puts lane 0's drained_at store before every lane's ring, so no processor reads the
+  // previous launch's value and keeps a successor ahead of the roots.
+  __syncwarp();
   ring_idle();
   bool ok = true;
   for (;;) {

@@ -70,6 +70,19 @@ struct Check {
   __device__ static void device(Payload const& p, TaskContext& ctx);
 };
 
+// Fails while the device word `*when` is not zero: a failure that a later launch of the same graph
+// does not repeat.
+struct FailWhen {
+  static constexpr char const* name = "fail_when";
+  static constexpr unsigned threads = 128;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    std::uint32_t const* when;
+  };
+  static void host(Payload const&, TaskContext&) {}
+  __device__ static void device(Payload const& p, TaskContext& ctx);
+};
+
 // Needs more shared memory than any SM has: the launcher must refuse it before launching.
 struct Huge {
   static constexpr char const* name = "huge";
@@ -99,12 +112,19 @@ struct Stuck {
   }
 };
 
-using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn, Check>;
+using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn, Check, FailWhen>;
 using HugePipeline = loom::Pipeline<Huge>;
 using StuckPipeline = loom::Pipeline<Stuck>;
 
 __device__ void Check::device(Payload const& p, TaskContext& ctx) {
   if (threadIdx.x == 0 && p.value != p.want) ctx.fail(__LINE__, p.value, p.want);
+}
+
+__device__ void FailWhen::device(Payload const& p, TaskContext& ctx) {
+  if (threadIdx.x == 0) {
+    std::uint32_t const when = *static_cast<std::uint32_t const volatile*>(p.when);
+    if (when != 0) ctx.fail(__LINE__, when, 0);
+  }
 }
 
 __device__ void Spawn::device(Payload const& p, TaskContext& ctx) {
@@ -262,6 +282,37 @@ TEST(GpuRuntime, ThousandsOfLaunchesReuseTheStateWithoutReset) {
   // The clock counts two tickets per task per launch: nothing ran twice or was skipped.
   auto const clock = st.clock.download();
   EXPECT_EQ(clock[0], 2ull * (width + 1) * launches);
+}
+
+// The same executor after failed launches: the host re-initialises the state (report words,
+// credits, counters), and the next launch runs every task exactly once. Wider than the grid, so the
+// roots outnumber the first credits.
+TEST(GpuRuntime, SameExecutorRunsAgainAfterAFailedLaunch) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t width = 600;
+  Stamps st(width);
+  loom::DeviceBuffer<std::uint32_t> when(1);
+  GraphBuilder b;
+  for (std::uint32_t i = 0; i < width; ++i) b.add_task(TestPipeline::make<Stamp>(st.payload(i)));
+  b.add_task(TestPipeline::make<FailWhen>(FailWhen::Payload{when.get()}));
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  for (std::uint32_t round = 0; round < 4; ++round) {
+    when.upload({round + 1});
+    try {
+      ex.run();
+      ADD_FAILURE() << "round " << round << ": the failing task must end the launch with an error";
+    } catch (loom::Error const& e) {
+      EXPECT_NE(std::string(e.what()).find("fail_when"), std::string::npos) << e.what();
+    }
+    when.upload({0u});
+    st.poison();
+    st.clock.fill_bytes(0);
+    ex.run();
+    auto const starts = st.starts.download();
+    for (std::uint32_t i = 0; i < width; ++i)
+      ASSERT_NE(starts[i], 0ull) << "round " << round << ": task " << i << " did not run";
+    EXPECT_EQ(st.clock.download()[0], 2ull * width) << "round " << round;
+  }
 }
 
 TEST(GpuRuntime, LaunchReplaysFromACudaGraph) {
