@@ -29,15 +29,16 @@ __device__ __forceinline__ void block_barrier() {
 }
 
 // Processor block: thread 0 takes the next task (take_next_task: doorbell, reports; then the
-// prefetch credit) and completes events; every thread copies the descriptor and runs the body. Three block
-// barriers per task. When thread 0's arrival releases a successor and the scheduler holds no
-// backlog, the block runs that successor next without going through the scheduler (local
+// prefetch credit) and completes events; every thread copies the descriptor and runs the body.
+// Three block barriers per task. When thread 0's arrival releases a successor and the scheduler
+// holds no backlog, the block runs that successor next without going through the scheduler (local
 // dispatch). Thread 0 builds its watchdogs where it waits, so that they hold no registers during
 // a body.
 // Inlined into the kernel: ptxas serializes a wgmma pipeline that sits in a called function.
 template <class Pipeline, class Policy>
-__device__ __forceinline__ void run_processor_block(RuntimeState const& s, SymmetricView const& heap,
-                                    unsigned char* task_shared) {
+__device__ __forceinline__ void run_processor_block(RuntimeState const& s,
+                                                    SymmetricView const& heap,
+                                                    unsigned char* task_shared) {
   __shared__ ProcessorShared sh;
   std::uint32_t const me = blockIdx.x;
   WaiterId const who{Actor::processor, me, s.rank};
@@ -68,7 +69,13 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s, Symme
       uint4 const* src = reinterpret_cast<uint4 const*>(&s.task(ref));
       reinterpret_cast<uint4*>(&sh.task)[i] = __ldcg(src + i);
     }
-    if (threadIdx.x == 0) give_prefetch_credit(s, sh.link);
+    if (threadIdx.x == 0) {
+      // A compiler barrier: without it the compiler loaded sh.link.credit_due in every thread
+      // ahead of this test (a shared load may be speculated) while thread 0 writes it below, a
+      // read racecheck reports though no other thread uses the value.
+      asm volatile("" ::: "memory");
+      give_prefetch_credit(s, sh.link);
+    }
     block_barrier();
     if (s.trace && threadIdx.x == 0) sh.started = now_ns();
     ctx.set_task_type(sh.task.header.type);
