@@ -251,9 +251,7 @@ __global__ void empty_wide_kernel() {
 // Writes the global timer (the clock the trace uses) when it runs: launched just before and just
 // after a traced persistent launch, it brackets the tile's start and end.
 __global__ void stamp_kernel(std::uint64_t* out) {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  *out = t;
+  *out = loom::now_ns();
 }
 
 // The fixed cost of one persistent launch carrying one tiny GEMM tile (1 x 64 x 64): the floor
