@@ -2,8 +2,8 @@
 // Up: h = act(x_e · W1_eᵀ) for one M-tile x N-tile, the activation applied per expert path in the
 // GEMM's epilogue (SwiGLU pairs the gate and up columns a tile holds). Down: y = h · W2_eᵀ in
 // fp32, each row delivered to y[slot][token] of the token it came from (one writer per
-// (slot, token)). The last N-tile of an up row emits the down row; the down tile that completes a
-// token block emits that block's combine.
+// (slot, token)). The last up tile of an M-tile group emits the group's down tiles; the down tile
+// that completes a token block emits that block's combine.
 #pragma once
 
 #include "moe/expert_tile.hpp"
@@ -75,12 +75,13 @@ struct ExpertUp {
     return UpGemm::describe_failure(code, a, b);
   }
 
-  // The last N-tile of an M-tile to finish emits the M-tile's down row.
+  // The last up tile of an M-tile group to finish emits the group's down tiles.
   LOOM_HD static void finish(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
-    if (fetch_add_acq_rel(v.up_done[p.mtile], 1u) + 1 != v.up_tiles) return;
-    store_relaxed(v.up_done[p.mtile], 0u);
-    emit_row_of_tiles(ctx, v.down_type, p, v.down_tiles);
+    MTileGroup const g = mtile_group_of(v, p.expert, p.mtile - v.tile_base[p.expert]);
+    if (fetch_add_acq_rel(v.up_done[g.slot], 1u) + 1 != g.mtiles * v.up_tiles) return;
+    store_relaxed(v.up_done[g.slot], 0u);
+    emit_group_tiles(ctx, v.down_type, v, g, v.down_tiles);
   }
 
   static void host(Payload const& p, TaskContext& ctx) {

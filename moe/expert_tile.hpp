@@ -17,18 +17,38 @@ struct TilePayload {
   std::uint16_t ntile;
 };
 
-// Emits one task of `type` per N-tile of an M-tile.
-LOOM_HD inline bool emit_row_of_tiles(TaskContext& ctx, std::uint16_t type, TilePayload tile,
-                                      std::uint32_t ntiles) {
-  return ctx.emit_many(ntiles, [&](std::uint32_t n) {
-    TilePayload p = tile;
-    p.ntile = static_cast<std::uint16_t>(n);
-    return encode_task(type, p);
+// A group of an expert's M-tiles (MoEView::mtile_group): its first M-tile, how many, and the
+// rows they hold. `slot` (the group's first global M-tile) indexes its arrival counters.
+struct MTileGroup {
+  std::uint32_t expert, first, mtiles, rows, slot;
+};
+LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
+                                         std::uint32_t local_tile) {
+  std::uint32_t const count = v.offsets[e + 1] - v.offsets[e];
+  std::uint32_t const first = local_tile / v.mtile_group * v.mtile_group;
+  std::uint32_t const left = count - first * v.tile_rows, most = v.mtile_group * v.tile_rows;
+  std::uint32_t const rows = left < most ? left : most;
+  return {e, first, (rows + v.tile_rows - 1) / v.tile_rows, rows, v.tile_base[e] + first};
+}
+
+// Emits one task of `type` per (N-tile, M-tile) of a group, N-tile-major: the group's M-tiles of
+// one N-tile go out next to each other.
+LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
+                                     MTileGroup const& g, std::uint32_t ntiles) {
+  std::uint32_t const row0 = v.offsets[g.expert] + g.first * v.tile_rows;
+  std::uint32_t const mtile0 = v.tile_base[g.expert] + g.first;
+  return ctx.emit_many(g.mtiles * ntiles, [&](std::uint32_t i) {
+    std::uint32_t const n = i / g.mtiles, m = i - n * g.mtiles;
+    std::uint32_t const left = g.rows - m * v.tile_rows;
+    return encode_task(
+        type, TilePayload{&v, row0 + m * v.tile_rows, mtile0 + m,
+                          static_cast<std::uint16_t>(left < v.tile_rows ? left : v.tile_rows),
+                          static_cast<std::uint16_t>(g.expert), static_cast<std::uint16_t>(n)});
   });
 }
 
 // Gather: copy each routed token row of a block into its expert's pool; the arrival that
-// completes an M-tile emits the tile's up-projection row.
+// completes an M-tile group emits the group's up-projection tiles.
 struct GatherTokens {
   static constexpr char const* name = "moe_gather";
   static constexpr std::uint32_t kCopyLoads = 16;  // device: 16-byte loads in flight per thread
@@ -42,23 +62,14 @@ struct GatherTokens {
     return v.offsets[e] + index;
   }
 
-  // After the row is written: one arrival on its M-tile; the last one emits the up row.
+  // After the row is written: one arrival on its M-tile group; the last one emits the group's
+  // up-projection tiles.
   LOOM_HD static void arrive(MoEView const& v, std::int32_t e, std::uint32_t index,
                              TaskContext& ctx) {
-    std::uint32_t const local_tile = index / v.tile_rows;
-    std::uint32_t const count = v.offsets[e + 1] - v.offsets[e];
-    std::uint32_t const rows =
-        count - local_tile * v.tile_rows < v.tile_rows ? count - local_tile * v.tile_rows : v.tile_rows;
-    std::uint32_t const mtile = v.tile_base[e] + local_tile;
-    if (fetch_add_acq_rel(v.rows_arrived[mtile], 1u) + 1 != rows) return;
-    store_relaxed(v.rows_arrived[mtile], 0u);
-    TilePayload tile{&v,
-                     v.offsets[e] + local_tile * v.tile_rows,
-                     mtile,
-                     static_cast<std::uint16_t>(rows),
-                     static_cast<std::uint16_t>(e),
-                     0};
-    emit_row_of_tiles(ctx, v.up_type, tile, v.up_tiles);
+    MTileGroup const g = mtile_group_of(v, static_cast<std::uint32_t>(e), index / v.tile_rows);
+    if (fetch_add_acq_rel(v.rows_arrived[g.slot], 1u) + 1 != g.rows) return;
+    store_relaxed(v.rows_arrived[g.slot], 0u);
+    emit_group_tiles(ctx, v.up_type, v, g, v.up_tiles);
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
@@ -140,9 +151,9 @@ struct CombineTokens {
   }
 
 #if defined(__CUDACC__)
-  // The block's routing words go to shared memory once. Each thread then combines 4 columns of kLoads / K items (token, column group)
-  // at a time, where K >= top_k is a compile-time slot count: every 16-byte read of y for those
-  // items is issued before the first is used.
+  // The block's routing words go to shared memory once. Each thread then combines 4 columns of
+  // kLoads / K items (token, column group) at a time, where K >= top_k is a compile-time slot
+  // count: every 16-byte read of y for those items is issued before the first is used.
   static constexpr std::uint32_t kLoads = 16;
   __device__ static void device(Payload const& p, TaskContext&) {
     std::uint32_t const k = p.view->top_k;
@@ -183,8 +194,8 @@ struct CombineTokens {
         for (std::uint32_t j = 0; j < K; ++j) {
           yv[u][j] = make_float4(0.f, 0.f, 0.f, 0.f);
           if (i < items && j < top_k && used[t * top_k + j])
-            yv[u][j] = __ldcg(reinterpret_cast<float4 const*>(y + j * slot_stride +
-                                                              std::size_t{t} * hidden + c));
+            yv[u][j] = __ldcg(
+                reinterpret_cast<float4 const*>(y + j * slot_stride + std::size_t{t} * hidden + c));
         }
       }
 #pragma unroll

@@ -43,6 +43,7 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   v.up_tiles = (v.up_cols + gemms.up.block_n - 1) / gemms.up.block_n;
   v.down_tiles = (c.hidden + gemms.down.block_n - 1) / gemms.down.block_n;
   v.tile_rows = gemms.up.block_m;
+  v.mtile_group = kMTileGroup;
   v.max_tokens = c.max_tokens;
   v.token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
   v.route_blocks = route_blocks_for(c.max_tokens, v.token_block, c.hidden, c.experts);

@@ -79,14 +79,23 @@ inline constexpr std::uint32_t kRouteWarps = 12;  // warps of a route task's blo
 // A spread route group: 32 tokens (two m16 tiles of logits).
 inline constexpr std::uint32_t kRouteGroupTokens = 32;
 
+// M-tiles per group on one GPU (MoEView::mtile_group): with N-tiles 256 wide, 8 M-tiles of an
+// up-projection are 8 x (up columns / 256) tiles, about one wave of processors at ffn = 2048.
+inline constexpr std::uint32_t kMTileGroup = 8;
+
 struct MoEView {
   // Shape (fixed at construction).
   std::uint32_t hidden, ffn, experts, top_k;
   std::uint32_t up_cols;               // columns of W1 as packed (2*ffn for SwiGLU)
   std::uint32_t up_tiles, down_tiles;  // N-tiles of the two GEMMs
   std::uint32_t tile_rows;             // rows per expert M-tile: both GEMMs' block_m
-  std::uint32_t token_block;           // tokens per gather / combine task (a token block)
-  std::uint32_t route_blocks;          // token blocks per route task
+  // An expert's M-tiles in groups of mtile_group: a group's tiles are emitted together when its
+  // last row (up) or last up tile (down) is in, N-tile-major, so the group's M-tiles read each
+  // weight tile at about the same time (once from HBM, the others from L2). 1: each M-tile as
+  // soon as it is full (the expert-parallel receive, where rows arrive over time).
+  std::uint32_t mtile_group;
+  std::uint32_t token_block;   // tokens per gather / combine task (a token block)
+  std::uint32_t route_blocks;  // token blocks per route task
   std::uint32_t max_tokens, max_blocks, max_mtiles;
   std::uint32_t max_routes;         // route groups: max_blocks / route_blocks, rounded up
   std::uint32_t route_slices;       // router K slices (kRouteSliceChunks chunks each)
@@ -134,8 +143,8 @@ struct MoEView {
   float* y;                   // [k][T][H] expert outputs at [slot][token]
 
   // Arrival counters, lowered by their last arriver.
-  std::uint32_t* rows_arrived;  // [max_mtiles] gathered rows per M-tile
-  std::uint32_t* up_done;       // [max_mtiles] finished up-projection N-tiles per M-tile
+  std::uint32_t* rows_arrived;  // [max_mtiles] gathered rows per M-tile group (at its first)
+  std::uint32_t* up_done;       // [max_mtiles] finished up-projection tiles per M-tile group
   std::uint32_t* block_done;    // [max_blocks] finished (row, down N-tile) pairs per token block
 };
 

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "moe/cpu_layer.hpp"
+#include "moe/expert_gemms.hpp"
 #include "moe/pipeline.hpp"
 #include "moe/reference.hpp"
 #include "moe/view.hpp"
@@ -142,6 +143,36 @@ TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
       EXPECT_EQ(counts[0], 0u);
     }
   }
+}
+
+// Experts with more M-tiles than one group (kMTileGroup), the last group and its last tile
+// partial: the groups' arrival counters and their N-tile-major emission.
+TEST(CpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
+  MoEConfig c = small_config(Activation::swiglu, 4, 2);
+  c.max_tokens = 1100;
+  std::uint32_t const tile_rows = choose_expert_gemms(c).up.block_m;
+  std::uint32_t const tokens = 1100;
+  ASSERT_GT(tokens, kMTileGroup * tile_rows);
+  ASSERT_NE(tokens % tile_rows, 0u);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  auto const x = random_tokens(c, tokens, seed);
+  CpuMoELayer layer(c, w);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  std::vector<std::int32_t> ids(tokens * 2);
+  std::vector<float> wts(tokens * 2);
+  for (std::uint32_t t = 0; t < tokens; ++t) {
+    ids[2 * t] = 1;                       // every token: 9 M-tiles, two groups
+    ids[2 * t + 1] = t % 7 == 0 ? 3 : 2;  // most tokens, and a few to a third expert
+    wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
+  }
+  auto out = poisoned(std::size_t{tokens} * c.hidden);
+  layer.forward(x.data(), tokens, ids.data(), wts.data(), out.data());
+  auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+  EXPECT_LT(relative_error(out, ref), 1e-2);
+  EXPECT_EQ(layer.expert_tokens()[1], tokens);
 }
 
 TEST(CpuMoE, TokensWithNoExpertGetZeros) {
