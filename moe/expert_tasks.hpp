@@ -75,27 +75,34 @@ struct ExpertUp {
     return UpGemm::describe_failure(code, a, b);
   }
 
-  // The last up tile of an M-tile group to finish emits the group's down tiles.
-  LOOM_HD static void finish(Payload const& p, TaskContext& ctx) {
+  // The last up tile of an M-tile group to finish: resets the group's counter and returns it.
+  LOOM_HD static bool completes_group(Payload const& p, MTileGroup& g) {
     MoEView const& v = *p.view;
-    MTileGroup const g = mtile_group_of(v, p.expert, p.mtile - v.tile_base[p.expert]);
-    if (fetch_add_acq_rel(v.up_done[g.slot], 1u) + 1 != g.mtiles * v.up_tiles) return;
+    g = mtile_group_of(v, p.expert, p.mtile - v.tile_base[p.expert]);
+    if (fetch_add_acq_rel(v.up_done[g.slot], 1u) + 1 != g.mtiles * v.up_tiles) return false;
     store_relaxed(v.up_done[g.slot], 0u);
-    emit_group_tiles(ctx, v.down_type, v, g, v.down_tiles);
+    return true;
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
     UpGemm::host(gemm_tile<UpGemm>(p, p.view->up_ops, 0), ctx);
-    finish(p, ctx);
+    MTileGroup g;
+    if (completes_group(p, g))
+      emit_group_tiles(ctx, p.view->down_type, *p.view, g, p.view->down_tiles);
   }
 #if defined(__CUDACC__)
+  // Thread 0 arrives for the tile; the group it completes goes out from the whole block.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     UpGemm::device(gemm_tile<UpGemm>(p, p.view->up_ops, 0), ctx);
+    __shared__ std::uint32_t done;
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
-      finish(p, ctx);
+      MTileGroup g;
+      done = completes_group(p, g) ? g.expert << 16 | g.first : kNoGroup;
     }
+    __syncthreads();
+    emit_groups_by_block(ctx, p.view->down_type, *p.view, p.view->down_tiles, &done, 1);
   }
 #endif
 };

@@ -31,14 +31,14 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
   return {e, first, (rows + v.tile_rows - 1) / v.tile_rows, rows, v.tile_base[e] + first};
 }
 
-// Emits one task of `type` per (N-tile, M-tile) of a group, N-tile-major: the group's M-tiles of
-// one N-tile go out next to each other.
+// Emits tasks [begin, end) of the group's tiles of `type`, one per (N-tile, M-tile) in N-tile-major
+// order: the group's M-tiles of one N-tile go out next to each other.
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                     MTileGroup const& g, std::uint32_t ntiles) {
+                                     MTileGroup const& g, std::uint32_t begin, std::uint32_t end) {
   std::uint32_t const row0 = v.offsets[g.expert] + g.first * v.tile_rows;
   std::uint32_t const mtile0 = v.tile_base[g.expert] + g.first;
-  return ctx.emit_many(g.mtiles * ntiles, [&](std::uint32_t i) {
-    std::uint32_t const n = i / g.mtiles, m = i - n * g.mtiles;
+  return ctx.emit_many(end - begin, [&](std::uint32_t k) {
+    std::uint32_t const i = begin + k, n = i / g.mtiles, m = i - n * g.mtiles;
     std::uint32_t const left = g.rows - m * v.tile_rows;
     return encode_task(
         type, TilePayload{&v, row0 + m * v.tile_rows, mtile0 + m,
@@ -46,6 +46,35 @@ LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEVi
                           static_cast<std::uint16_t>(g.expert), static_cast<std::uint16_t>(n)});
   });
 }
+LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
+                                     MTileGroup const& g, std::uint32_t ntiles) {
+  return emit_group_tiles(ctx, type, v, g, 0, g.mtiles * ntiles);
+}
+
+#if defined(__CUDACC__)
+// The tiles of the groups a task completed, emitted by the whole block: each thread pushes
+// kPushChunk-task chunks of them. One thread emitting a group of 8 M-tiles pushed 128 tasks in
+// turn (a few round trips per chunk), and lanes of one warp that completed groups took turns, so
+// the last gathers of a call ran for 80-100 µs while the processors waited for the up tiles.
+// done[i] is a completed group's (expert << 16 | first local M-tile), or kNoGroup, for i < n.
+inline constexpr std::uint32_t kNoGroup = ~0u;
+__device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type, MoEView const& v,
+                                            std::uint32_t ntiles, std::uint32_t const* done,
+                                            std::uint32_t n) {
+  std::uint32_t item = threadIdx.x, base = 0;  // base: chunks of the groups before done[i]
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (done[i] == kNoGroup) continue;
+    MTileGroup const g = mtile_group_of(v, done[i] >> 16, done[i] & 0xffffu);
+    std::uint32_t const tasks = g.mtiles * ntiles, chunks = (tasks + kPushChunk - 1) / kPushChunk;
+    for (; item < base + chunks; item += blockDim.x) {
+      std::uint32_t const begin = (item - base) * kPushChunk;
+      emit_group_tiles(ctx, type, v, g, begin,
+                       begin + kPushChunk < tasks ? begin + kPushChunk : tasks);
+    }
+    base += chunks;
+  }
+}
+#endif
 
 // Gather: copy each routed token row of a block into its expert's pool; the arrival that
 // completes an M-tile group emits the group's up-projection tiles.
@@ -62,14 +91,20 @@ struct GatherTokens {
     return v.offsets[e] + index;
   }
 
-  // After the row is written: one arrival on its M-tile group; the last one emits the group's
-  // up-projection tiles.
+  // After the row is written: one arrival on its M-tile group. The arrival that completes the
+  // group resets its counter and returns it.
+  LOOM_HD static bool arrive_on_group(MoEView const& v, std::int32_t e, std::uint32_t index,
+                                      MTileGroup& g) {
+    g = mtile_group_of(v, static_cast<std::uint32_t>(e), index / v.tile_rows);
+    if (fetch_add_acq_rel(v.rows_arrived[g.slot], 1u) + 1 != g.rows) return false;
+    store_relaxed(v.rows_arrived[g.slot], 0u);
+    return true;
+  }
+  // The same, emitting the completed group's up-projection tiles.
   LOOM_HD static void arrive(MoEView const& v, std::int32_t e, std::uint32_t index,
                              TaskContext& ctx) {
-    MTileGroup const g = mtile_group_of(v, static_cast<std::uint32_t>(e), index / v.tile_rows);
-    if (fetch_add_acq_rel(v.rows_arrived[g.slot], 1u) + 1 != g.rows) return;
-    store_relaxed(v.rows_arrived[g.slot], 0u);
-    emit_group_tiles(ctx, v.up_type, v, g, v.up_tiles);
+    MTileGroup g;
+    if (arrive_on_group(v, e, index, g)) emit_group_tiles(ctx, v.up_type, v, g, v.up_tiles);
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
@@ -92,7 +127,8 @@ struct GatherTokens {
 
 #if defined(__CUDACC__)
   // Thread i < pairs claims pair i's row; the block copies each token row to its pool rows
-  // (fan_out_rows, kCopyLoads reads in flight per thread); then thread i arrives for pair i.
+  // (fan_out_rows, kCopyLoads reads in flight per thread); then thread i arrives for pair i, and
+  // the block emits the groups those arrivals completed.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const tokens = v.call[0];
@@ -114,11 +150,16 @@ struct GatherTokens {
                              reinterpret_cast<uint4*>(v.pool), n_tokens, row_chunks, row_of,
                              v.top_k);
     __syncthreads();
+    // row_of[i] becomes the group pair i completed, if any (only thread i touches entry i).
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       if (row_of[i] == ~0u) continue;
       __threadfence();
-      arrive(v, v.topk_ids[std::size_t{t0} * v.top_k + i], index_of[i], ctx);
+      std::int32_t const e = v.topk_ids[std::size_t{t0} * v.top_k + i];
+      MTileGroup g;
+      row_of[i] = arrive_on_group(v, e, index_of[i], g) ? g.expert << 16 | g.first : kNoGroup;
     }
+    __syncthreads();
+    emit_groups_by_block(ctx, v.up_type, v, v.up_tiles, row_of, pairs);
   }
 #endif
 };

@@ -44,6 +44,11 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   v.down_tiles = (c.hidden + gemms.down.block_n - 1) / gemms.down.block_n;
   v.tile_rows = gemms.up.block_m;
   v.mtile_group = kMTileGroup;
+  // A completed group is named by (expert << 16 | first M-tile) on the device.
+  if (c.max_tokens / v.tile_rows >= (1u << 16))
+    throw Error("loom: MoEConfig: max_tokens=" + std::to_string(c.max_tokens) +
+                " gives an expert more than 65535 M-tiles of " + std::to_string(v.tile_rows) +
+                " rows");
   v.max_tokens = c.max_tokens;
   v.token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
   v.route_blocks = route_blocks_for(c.max_tokens, v.token_block, c.hidden, c.experts);
