@@ -94,7 +94,7 @@ struct ExpertUp {
   // Thread 0 arrives for the tile; the group it completes goes out from the whole block.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     UpGemm::device(gemm_tile<UpGemm>(p, p.view->up_ops, 0), ctx);
-    __shared__ std::uint32_t done;
+    __shared__ std::uint32_t done, start;
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
@@ -102,7 +102,7 @@ struct ExpertUp {
       done = completes_group(p, g) ? g.expert << 16 | g.first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block(ctx, p.view->down_type, *p.view, p.view->down_tiles, &done, 1);
+    emit_groups_by_block(ctx, p.view->down_type, *p.view, p.view->down_tiles, &done, &start, 1);
   }
 #endif
 };

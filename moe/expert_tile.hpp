@@ -31,48 +31,74 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
   return {e, first, (rows + v.tile_rows - 1) / v.tile_rows, rows, v.tile_base[e] + first};
 }
 
-// Emits tasks [begin, end) of the group's tiles of `type`, one per (N-tile, M-tile) in N-tile-major
-// order: the group's M-tiles of one N-tile go out next to each other.
-LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                     MTileGroup const& g, std::uint32_t begin, std::uint32_t end) {
-  std::uint32_t const row0 = v.offsets[g.expert] + g.first * v.tile_rows;
-  std::uint32_t const mtile0 = v.tile_base[g.expert] + g.first;
-  return ctx.emit_many(end - begin, [&](std::uint32_t k) {
-    std::uint32_t const i = begin + k, n = i / g.mtiles, m = i - n * g.mtiles;
-    std::uint32_t const left = g.rows - m * v.tile_rows;
-    return encode_task(
-        type, TilePayload{&v, row0 + m * v.tile_rows, mtile0 + m,
-                          static_cast<std::uint16_t>(left < v.tile_rows ? left : v.tile_rows),
-                          static_cast<std::uint16_t>(g.expert), static_cast<std::uint16_t>(n)});
-  });
+// Task i of `type` over a group's tiles, one per (N-tile, M-tile) in N-tile-major order: the
+// group's M-tiles of one N-tile go out next to each other.
+LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, MTileGroup const& g,
+                               std::uint32_t i) {
+  std::uint32_t const n = i / g.mtiles, m = i - n * g.mtiles;
+  std::uint32_t const left = g.rows - m * v.tile_rows;
+  return encode_task(
+      type, TilePayload{&v, v.offsets[g.expert] + (g.first + m) * v.tile_rows,
+                        v.tile_base[g.expert] + g.first + m,
+                        static_cast<std::uint16_t>(left < v.tile_rows ? left : v.tile_rows),
+                        static_cast<std::uint16_t>(g.expert), static_cast<std::uint16_t>(n)});
 }
+// Emits the group's tiles of `type` (one thread).
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
                                      MTileGroup const& g, std::uint32_t ntiles) {
-  return emit_group_tiles(ctx, type, v, g, 0, g.mtiles * ntiles);
+  return ctx.emit_many(g.mtiles * ntiles,
+                       [&](std::uint32_t i) { return group_tile(type, v, g, i); });
 }
 
 #if defined(__CUDACC__)
-// The tiles of the groups a task completed, emitted by the whole block: each thread pushes
-// kPushChunk-task chunks of them. One thread emitting a group of 8 M-tiles pushed 128 tasks in
-// turn (a few round trips per chunk), and lanes of one warp that completed groups took turns, so
-// the last gathers of a call ran for 80-100 µs while the processors waited for the up tiles.
-// done[i] is a completed group's (expert << 16 | first local M-tile), or kNoGroup, for i < n.
+// The tiles of the M-tile groups a task completed, emitted by the whole block under one
+// reservation (TaskContext::emit_many_by_block). done[i] for i < n is a completed group's
+// (expert << 16 | first local M-tile), or kNoGroup; warp 0 compacts the list in place into
+// done[] and starts[] (the group's first task among all of them), which may alias no other
+// words the block still reads.
 inline constexpr std::uint32_t kNoGroup = ~0u;
 __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                            std::uint32_t ntiles, std::uint32_t const* done,
-                                            std::uint32_t n) {
-  std::uint32_t item = threadIdx.x, base = 0;  // base: chunks of the groups before done[i]
-  for (std::uint32_t i = 0; i < n; ++i) {
-    if (done[i] == kNoGroup) continue;
-    MTileGroup const g = mtile_group_of(v, done[i] >> 16, done[i] & 0xffffu);
-    std::uint32_t const tasks = g.mtiles * ntiles, chunks = (tasks + kPushChunk - 1) / kPushChunk;
-    for (; item < base + chunks; item += blockDim.x) {
-      std::uint32_t const begin = (item - base) * kPushChunk;
-      emit_group_tiles(ctx, type, v, g, begin,
-                       begin + kPushChunk < tasks ? begin + kPushChunk : tasks);
+                                            std::uint32_t ntiles, std::uint32_t* done,
+                                            std::uint32_t* starts, std::uint32_t n) {
+  __shared__ std::uint32_t groups, tasks;
+  if (threadIdx.x < 32) {
+    std::uint32_t const lane = threadIdx.x;
+    std::uint32_t count = 0, total = 0;
+    for (std::uint32_t b = 0; b < n; b += 32) {
+      std::uint32_t const key = b + lane < n ? done[b + lane] : kNoGroup;
+      std::uint32_t t = 0;
+      if (key != kNoGroup) t = mtile_group_of(v, key >> 16, key & 0xffffu).mtiles * ntiles;
+      std::uint32_t incl = t;  // inclusive prefix sum of t over the lanes
+      for (std::uint32_t o = 1; o < 32; o <<= 1) {
+        std::uint32_t const y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      unsigned const valid = __ballot_sync(0xFFFFFFFFu, key != kNoGroup);
+      if (key != kNoGroup) {
+        std::uint32_t const c = count + __popc(valid & ((1u << lane) - 1u));  // c <= b + lane
+        done[c] = key;
+        starts[c] = total + incl - t;
+      }
+      count += __popc(valid);
+      total += __shfl_sync(0xFFFFFFFFu, incl, 31);
+      __syncwarp();
     }
-    base += chunks;
+    if (lane == 0) groups = count, tasks = total;
   }
+  __syncthreads();
+  std::uint32_t const count = groups;
+  ctx.emit_many_by_block(tasks, [&](std::uint32_t k) {
+    std::uint32_t lo = 0, hi = count;  // the last group starting at or before k
+    while (hi - lo > 1) {
+      std::uint32_t const mid = (lo + hi) / 2;
+      if (starts[mid] <= k)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    return group_tile(type, v, mtile_group_of(v, done[lo] >> 16, done[lo] & 0xffffu),
+                      k - starts[lo]);
+  });
 }
 #endif
 
@@ -159,7 +185,7 @@ struct GatherTokens {
       row_of[i] = arrive_on_group(v, e, index_of[i], g) ? g.expert << 16 | g.first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block(ctx, v.up_type, v, v.up_tiles, row_of, pairs);
+    emit_groups_by_block(ctx, v.up_type, v, v.up_tiles, row_of, index_of, pairs);
   }
 #endif
 };

@@ -34,15 +34,30 @@ class TaskContext {
     Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
     return emit_tasks(state_, n, make, who_, dog);
   }
+  // The same, called by every thread of the block with the same n (device: emit_tasks_block,
+  // one reservation for all n; host: emit_many). make(i) must be callable from any thread.
+  template <class MakeFn>
+  LOOM_HD bool emit_many_by_block(std::uint32_t n, MakeFn make) const {
+#if defined(__CUDA_ARCH__)
+    Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
+    return emit_tasks_block(state_, n, make, who_, dog);
+#else
+    return emit_many(n, make);
+#endif
+  }
   // Gives back n tasks of the dynamic bound that this launch will not emit. Device: one thread.
-  LOOM_HD void retire(std::uint32_t n) const { retire_slack(state_, n); }
+  LOOM_HD void retire(std::uint32_t n) const {
+    retire_slack(state_, n);
+  }
   // One arrival on event e (besides the task's own completion). Device: one thread calls.
   LOOM_HD bool arrive(EventId e) const {
     Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
     return loom::arrive(state_, e, epoch_, who_, dog);
   }
   // The launch's watchdog bound, for actors that time their own waits (0: unbounded).
-  LOOM_HD std::uint64_t watchdog_ns() const { return state_.watchdog_ns; }
+  LOOM_HD std::uint64_t watchdog_ns() const {
+    return state_.watchdog_ns;
+  }
   // Records that a wait of this actor on `site` / `object` outlived its bound (a decoder waiting
   // on a peer names the peer rank as `object` with WaitSite::signal).
   LOOM_HD void report_stalled_wait(WaitSite site, std::uint32_t object, std::uint64_t expected,
@@ -67,9 +82,15 @@ class TaskContext {
                 task_type, a, b);
   }
   // Set by the processor before each body runs.
-  LOOM_HD void set_task_type(std::uint32_t type) { task_type_ = type; }
-  LOOM_HD std::uint32_t task_type() const { return task_type_; }
-  LOOM_HD bool failed() const { return has_error(*state_.error); }
+  LOOM_HD void set_task_type(std::uint32_t type) {
+    task_type_ = type;
+  }
+  LOOM_HD std::uint32_t task_type() const {
+    return task_type_;
+  }
+  LOOM_HD bool failed() const {
+    return has_error(*state_.error);
+  }
   // Records that a descriptor named a type outside the pipeline (`types` long).
   LOOM_HD void report_unknown_type(std::uint32_t type, std::uint32_t types) const {
     raise_error(*state_.error, ErrorCode::bad_task_type, who_.actor, who_.block, who_.rank, 0, type,

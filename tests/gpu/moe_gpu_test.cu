@@ -132,6 +132,40 @@ TEST(GpuMoE, SkewedCallerRoutingMatchesReference) {
   }
 }
 
+// Experts with more M-tiles than one group (kMTileGroup), the last group and its last tile
+// partial: the groups' counters and their emission by the block, several calls in a row.
+TEST(GpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 4, 2, 1200);
+  std::uint32_t const tile_rows = choose_expert_gemms(c).up.block_m, tokens = 1200;
+  ASSERT_GT(tokens, kMTileGroup * tile_rows);
+  ASSERT_NE(tokens % tile_rows, 0u);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  auto const x = random_tokens(c, tokens, seed);
+  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+  GpuMoELayer layer(c, w);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  std::vector<std::int32_t> ids(tokens * 2);
+  std::vector<float> wts(tokens * 2);
+  for (std::uint32_t t = 0; t < tokens; ++t) {
+    ids[2 * t] = 1;                       // every token: two groups, the last one partial
+    ids[2 * t + 1] = t % 7 == 0 ? 3 : 2;  // most tokens, and a few to a third expert
+    wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
+  }
+  loom::DeviceBuffer<std::int32_t> dids(ids);
+  loom::DeviceBuffer<float> dw(wts);
+  auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+  for (int call = 0; call < 3; ++call) {
+    dout.fill_bytes(0xFF);
+    layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
+    layer.check();
+    EXPECT_LT(relative_error(dout.download(), ref), 1e-2) << "call " << call;
+  }
+}
+
 TEST(GpuMoE, InvalidCallerRoutingEndsTheCallWithItsReason) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 64);

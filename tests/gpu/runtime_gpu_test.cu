@@ -42,7 +42,8 @@ struct Stamp {
   }
 };
 
-// Emits `count` dynamic Stamp tasks (bound `bound`), retiring the rest of the bound.
+// Emits `count` dynamic Stamp tasks (bound `bound`), retiring the rest of the bound; from thread 0
+// one at a time, or (by_block) from the whole block under one reservation.
 struct Spawn {
   static constexpr char const* name = "spawn";
   static constexpr unsigned threads = 128;
@@ -52,6 +53,7 @@ struct Spawn {
     std::uint32_t count;
     std::uint32_t bound;
     EventId completes;
+    bool by_block;
   };
   static void host(Payload const&, TaskContext&) {}
   __device__ static void device(Payload const& p, TaskContext& ctx);
@@ -128,6 +130,15 @@ __device__ void FailWhen::device(Payload const& p, TaskContext& ctx) {
 }
 
 __device__ void Spawn::device(Payload const& p, TaskContext& ctx) {
+  if (p.by_block) {
+    bool const ok = ctx.emit_many_by_block(p.count, [&](std::uint32_t i) {
+      Stamp::Payload s = p.stamp;
+      s.index = p.stamp.index + i;
+      return TestPipeline::make_dynamic<Stamp>(s, p.completes);
+    });
+    if (threadIdx.x == 0 && ok) ctx.retire(p.bound - p.count);
+    return;
+  }
   if (threadIdx.x != 0) return;
   for (std::uint32_t i = 0; i < p.count; ++i) {
     Stamp::Payload s = p.stamp;
@@ -352,7 +363,7 @@ TEST(GpuRuntime, DynamicEmissionWithinALargerBound) {
   EventId const done = b.add_event(total + spawners, loom::EventOptions{true});
   for (std::uint32_t i = 0; i < spawners; ++i)
     b.add_task(TestPipeline::make<Spawn>(
-        Spawn::Payload{st.payload(i * bound_each), counts[i], bound_each, done}, done));
+        Spawn::Payload{st.payload(i * bound_each), counts[i], bound_each, done, false}, done));
   b.add_task(TestPipeline::make<Stamp>(st.payload(spawners * bound_each)), {done});
   b.set_dynamic_bound(spawners * bound_each);
   loom::GpuExecutor<TestPipeline> ex(b.build());
@@ -364,6 +375,39 @@ TEST(GpuRuntime, DynamicEmissionWithinALargerBound) {
       for (std::uint32_t j = 0; j < bound_each; ++j)
         EXPECT_EQ(starts[i * bound_each + j] != 0, j < counts[i]) << "spawner " << i << " #" << j;
     EXPECT_NE(starts[spawners * bound_each], 0u) << "the successor of the dynamic tasks never ran";
+  }
+}
+
+// Blocks emitting thousands of tasks each under one reservation (more than the block's threads,
+// none, one), beside a thread that emits one at a time: every task runs, once.
+TEST(GpuRuntime, BlockEmissionRunsEveryTaskOnce) {
+  LOOM_REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  constexpr std::uint32_t spawners = 12, bound_each = 3000;
+  Stamps st(spawners * bound_each + 1);
+  std::vector<std::uint32_t> counts(spawners);
+  std::uint32_t total = 0;
+  for (std::uint32_t i = 0; i < spawners; ++i)
+    total += (counts[i] = i == 0 ? 0 : i == 1 ? 1 : i == 2 ? bound_each : rng() % bound_each);
+  GraphBuilder b;
+  EventId const done = b.add_event(total + spawners, loom::EventOptions{true});
+  for (std::uint32_t i = 0; i < spawners; ++i)
+    b.add_task(TestPipeline::make<Spawn>(
+        Spawn::Payload{st.payload(i * bound_each), counts[i], bound_each, done, i != 3}, done));
+  b.add_task(TestPipeline::make<Stamp>(st.payload(spawners * bound_each)), {done});
+  b.set_dynamic_bound(spawners * bound_each);
+  loom::GpuExecutor<TestPipeline> ex(b.build());
+  for (int launch = 0; launch < 3; ++launch) {
+    st.poison();
+    st.clock.fill_bytes(0);
+    ex.run();
+    auto const starts = st.starts.download();
+    for (std::uint32_t i = 0; i < spawners; ++i)
+      for (std::uint32_t j = 0; j < bound_each; ++j)
+        ASSERT_EQ(starts[i * bound_each + j] != 0, j < counts[i]) << "spawner " << i << " #" << j;
+    EXPECT_NE(starts[spawners * bound_each], 0u) << "the successor of the dynamic tasks never ran";
+    // Two tickets per Stamp task: a task run twice would take two more.
+    EXPECT_EQ(st.clock.download()[0], 2ull * (total + 1));
   }
 }
 
