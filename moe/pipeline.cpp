@@ -68,6 +68,7 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   v.activation = c.activation;
   v.score = c.router;
   v.renormalize = c.renormalize;
+  v.gather_type = MoEPipeline::id<GatherTokens>;
   v.up_type = MoEPipeline::id<ExpertUp>;
   v.down_type = MoEPipeline::id<ExpertDown>;
   v.combine_type = MoEPipeline::id<CombineTokens>;
@@ -75,20 +76,16 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
 }
 
 std::uint32_t dynamic_bound(MoEView const& v) {
-  return v.max_mtiles * (v.up_tiles + v.down_tiles) + v.max_blocks;
+  return v.max_mtiles * (v.up_tiles + v.down_tiles) + 2 * v.max_blocks;  // + gathers, combines
 }
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
   std::uint32_t const routes = shape.max_routes * shape.route_parts;
   EventId const routed = b.add_event(routes);
-  EventId const planned = b.add_event(1);
   for (std::uint32_t route = 0; route < routes; ++route)
     b.add_task(MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route));
-  b.add_task(MoEPipeline::make<PlanExperts>(PlanExperts::Payload{view}, planned), {routed});
-  for (std::uint32_t block = 0; block < shape.max_blocks; ++block)
-    b.add_task(MoEPipeline::make<GatherTokens>(BlockPayload{view, block}, kNoEvent, block),
-               {planned});
+  b.add_task(MoEPipeline::make<PlanExperts>(PlanExperts::Payload{view}), {routed});
   b.set_dynamic_bound(dynamic_bound(shape));
   return b.build();
 }

@@ -1,6 +1,6 @@
 // The MoE layer as a Loom pipeline: its task types, and the static graph every call runs (route
-// and gather tasks for every token block up to max_tokens, one plan between them; everything else
-// is emitted at run time from the routing).
+// tasks for every token block up to max_tokens, then one plan; the plan emits the gathers of the
+// call's token blocks, and everything after them is emitted at run time from the routing).
 #pragma once
 
 #include "moe/expert_gemms.hpp"

@@ -106,7 +106,7 @@ struct MoEView {
   RouterScore score;
   bool renormalize;
   // Task type ids in the pipeline that runs the layer (for dynamic emission).
-  std::uint16_t up_type, down_type, combine_type;
+  std::uint16_t gather_type, up_type, down_type, combine_type;
 
   // Per call, in executor memory: tokens this call, and 1 when the caller supplied the routing.
   std::uint32_t const* call;  // [0] tokens, [1] routing given
