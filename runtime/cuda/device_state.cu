@@ -46,14 +46,15 @@ ErrorRecord DeviceState::read_error() const {
 }
 
 ErrorRecord DeviceState::peek_error() const {
-  cudaStream_t side = nullptr;
-  LOOM_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  if (!peek_stream_) {
+    cudaStream_t side = nullptr;
+    LOOM_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    peek_stream_.reset(side);
+  }
   ErrorRecord e{};
-  cudaError_t const copied = cudaMemcpyAsync(&e, arena_.get() + layout_.error_offset(), sizeof(e),
-                                             cudaMemcpyDeviceToHost, side);
-  cudaError_t const synced = copied == cudaSuccess ? cudaStreamSynchronize(side) : copied;
-  cudaStreamDestroy(side);
-  LOOM_CUDA(synced);
+  LOOM_CUDA(cudaMemcpyAsync(&e, arena_.get() + layout_.error_offset(), sizeof(e),
+                            cudaMemcpyDeviceToHost, peek_stream_.get()));
+  LOOM_CUDA(cudaStreamSynchronize(peek_stream_.get()));
   return e;
 }
 

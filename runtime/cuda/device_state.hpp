@@ -3,6 +3,7 @@
 // host uploads the initial image again.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "runtime/cuda/device_buffer.hpp"
@@ -17,8 +18,8 @@ class DeviceState {
 
   // Copies the error record back (after the stream is synchronised).
   ErrorRecord read_error() const;
-  // The same while a launch may still run: copied on a non-blocking stream of its own, which
-  // waits for nothing the launch's stream holds.
+  // The same while a launch may still run: copied on a non-blocking stream of its own (made on
+  // the first peek, kept for the next), which waits for nothing the launch's stream holds.
   ErrorRecord peek_error() const;
   // After a failed launch: re-uploads the initial image for the launch after it (epochs keep
   // growing, see StateLayout::initialize).
@@ -34,6 +35,10 @@ class DeviceState {
   std::vector<unsigned char> image_;
   DeviceBuffer<unsigned char> arena_;
   RuntimeState state_;
+  struct StreamDeleter {
+    void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
+  };
+  mutable std::unique_ptr<CUstream_st, StreamDeleter> peek_stream_;
 };
 
 }  // namespace loom
