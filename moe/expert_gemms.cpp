@@ -7,7 +7,7 @@ using namespace tasks::gemm;
 ExpertGemmConfigs choose_expert_gemms(MoEConfig const& c, MmaPath path) {
   double const rows_per_expert = double(c.max_tokens) * c.top_k / c.experts;
   GemmConfig g{};
-  g.block_m = rows_per_expert <= 96 ? 64 : 128;
+  g.block_m = rows_per_expert <= kShortMTileRows ? 64 : 128;
   g.block_n = 256;
   g.splits = 1;
   g.path = path;
