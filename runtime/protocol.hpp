@@ -266,41 +266,40 @@ LOOM_HD bool emit_tasks(RuntimeState const& s, std::uint32_t n, MakeFn make, Wai
 template <class MakeFn>
 __device__ bool emit_tasks_block(RuntimeState const& s, std::uint32_t n, MakeFn make, WaiterId who,
                                  Watchdog& dog) {
+  if (n == 0) return true;               // n is the same on every thread
   __shared__ std::uint64_t reserved[2];  // dynamic index of make(0), its queue position
   __shared__ int failed;
   __syncthreads();  // the previous call's words are read by every thread
   if (threadIdx.x == 0) {
     failed = 0;
-    if (n != 0) {
-      reserved[0] = fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{n});
-      if (reserved[0] + n > s.graph.dynamic_bound) {
-        raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0,
-                    0, s.graph.dynamic_bound, reserved[0] + n);
-        failed = 1;
-      } else {
-        reserved[1] = fetch_add_relaxed(*s.ready.tail, std::uint64_t{n});
-      }
+    reserved[0] = fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{n});
+    if (reserved[0] + n > s.graph.dynamic_bound) {
+      raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0, 0,
+                  s.graph.dynamic_bound, reserved[0] + n);
+      failed = 1;
+    } else {
+      reserved[1] = fetch_add_relaxed(*s.ready.tail, std::uint64_t{n});
     }
   }
   __syncthreads();
-  if (n == 0 || failed) return n == 0;
+  if (failed) return false;
   std::uint64_t const first = reserved[0], pos = reserved[1];
   TaskRef const base = s.graph.task_count + static_cast<TaskRef>(first);
   QueueView const q = s.ready;
   // This thread's slots must be free (their previous lap consumed) before it writes them.
   bool ok = true;
-  for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x) {
-    s.dynamic_tasks[first + k] = make(k);
+  for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x)
     for (std::uint64_t seen; (seen = load_relaxed(q.seq[(pos + k) % q.capacity])) != pos + k;)
       if (!dog.keep_waiting(pos + k, seen)) {
         ok = false;
         break;
       }
-  }
   cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
-  for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x)
-    store_relaxed(q.items[(pos + k) % q.capacity],
-                  ready_entry(base + k, s.dynamic_tasks[first + k].header.priority));
+  for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x) {
+    Task const task = make(k);
+    s.dynamic_tasks[first + k] = task;
+    store_relaxed(q.items[(pos + k) % q.capacity], ready_entry(base + k, task.header.priority));
+  }
   // The release publishes this thread's descriptors and entries with its seq words.
   cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
   for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x)
