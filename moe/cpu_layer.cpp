@@ -31,7 +31,7 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   route_partial_.assign(route_partial_size(v), 0.0f);
   ids_.assign(rows, -1);
   weights_.assign(rows, 0.0f);
-  y_.assign(rows * config.hidden, 0.0f);
+  y_.assign(rows * config.hidden, __float2bfloat16(0.0f));
   pool_.resize(rows * config.hidden);
   h_.resize(rows * config.ffn);
   v.call = call_.data();

@@ -39,8 +39,8 @@ class CpuMoELayer {
   std::vector<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
       block_pairs_, row_source_, rows_arrived_, up_done_, block_done_, route_arrived_;
   std::vector<std::int32_t> ids_;
-  std::vector<float> weights_, y_, route_partial_;
-  std::vector<bf16> pool_, h_;
+  std::vector<float> weights_, route_partial_;
+  std::vector<bf16> pool_, h_, y_;
   std::unique_ptr<tasks::gemm::GemmOperands> up_ops_, down_ops_;
   std::unique_ptr<MoEView> view_;
   std::unique_ptr<CpuExecutor<MoEPipeline>> executor_;

@@ -87,7 +87,7 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     v.pool = m.pool.data();
     v.row_source = m.row_source.data();
     v.h = m.h.data();
-    v.y = heap_->local<float>(r, regions_.y);
+    v.y = heap_->local<bf16>(r, regions_.y);
     v.rows_arrived = m.rows_arrived.data();
     v.up_done = m.up_done.data();
     v.block_done = heap_->local<std::uint32_t>(r, regions_.block_done);

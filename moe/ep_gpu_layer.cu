@@ -73,7 +73,7 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   ep.skip_sends = silent ? 1u : 0u;
   MoEView& v = ep.local;
   buf_->bind(v);
-  v.y = reinterpret_cast<float*>(at(regions.y));
+  v.y = reinterpret_cast<bf16*>(at(regions.y));
   v.block_done = reinterpret_cast<std::uint32_t*>(at(regions.block_done));
   ep.inbox = reinterpret_cast<std::uint32_t*>(at(regions.inbox));
   ep.inbox_flag = reinterpret_cast<std::uint64_t*>(at(regions.inbox_flag));

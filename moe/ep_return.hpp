@@ -11,7 +11,7 @@ namespace loom::moe {
 
 // Where a pool row's results go on its source rank, as a pointer into this rank's own window
 // (SymmetricView::peer maps it to the source's).
-LOOM_HD inline float* source_slot_row(EpView const& ep, std::uint32_t row) {
+LOOM_HD inline bf16* source_slot_row(EpView const& ep, std::uint32_t row) {
   return slot_row(ep.local, row);  // y is a symmetric region: the same offset on every rank
 }
 

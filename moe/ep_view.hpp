@@ -57,7 +57,7 @@ struct EpHeapRegions {
   Region chunks;      // [P][max_blocks] ChunkRecord, per source
   Region recv_meta;   // [P][max_tokens] RowMeta, per source
   Region recv_rows;   // [P][max_tokens][H] bf16, per source
-  Region y;           // [k][max_tokens][H] fp32: expert outputs for this rank's own tokens
+  Region y;           // [k][max_tokens][H] bf16: expert outputs for this rank's own tokens
   Region block_done;  // [max_blocks] u32: (row, down N-tile) arrivals per own token block
 };
 
@@ -109,8 +109,8 @@ inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
   r.recv_meta = layout.add_array<RowMeta>("ep.recv_meta", p * shape.max_tokens);
   r.recv_rows =
       layout.add_array<bf16>("ep.recv_rows", p * shape.max_tokens * std::uint64_t{shape.hidden});
-  r.y = layout.add_array<float>("ep.y",
-                                std::uint64_t{shape.top_k} * shape.max_tokens * shape.hidden);
+  r.y =
+      layout.add_array<bf16>("ep.y", std::uint64_t{shape.top_k} * shape.max_tokens * shape.hidden);
   r.block_done = layout.add_array<std::uint32_t>("ep.block_done", shape.max_blocks);
   return r;
 }

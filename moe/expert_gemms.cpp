@@ -33,7 +33,7 @@ GemmDesc up_gemm_desc(MoEConfig const& c, bf16 const* pool, bf16 const* w1, bf16
   return d;
 }
 
-GemmDesc down_gemm_desc(MoEConfig const& c, bf16 const* h, bf16 const* w2, float* y,
+GemmDesc down_gemm_desc(MoEConfig const& c, bf16 const* h, bf16 const* w2, bf16* y,
                         ExpertSide side) {
   GemmDesc d;
   d.a = reinterpret_cast<Bf16 const*>(h);
@@ -44,7 +44,7 @@ GemmDesc down_gemm_desc(MoEConfig const& c, bf16 const* h, bf16 const* w2, float
   d.k = c.ffn;
   d.c = y;  // the sink writes rows to their (slot, token) place; C names the buffer
   d.ldc = c.hidden;
-  d.output = OutputType::fp32;
+  d.output = OutputType::bf16;
   d.activation = GemmActivation::none;
   return d;
 }

@@ -41,11 +41,12 @@ inline tasks::gemm::GemmDesc up_gemm_desc(MoEConfig const& config, bf16 const* p
                                           bf16* h) {
   return up_gemm_desc(config, pool, w1, h, all_experts(config));
 }
-// h [rows][ffn] · W2 [E][H][ffn]ᵀ -> fp32, delivered to y[slot][token] ([k][T][H]).
+// h [rows][ffn] · W2 [E][H][ffn]ᵀ -> bf16 (fp32 accumulation), delivered to y[slot][token]
+// ([k][T][H]).
 tasks::gemm::GemmDesc down_gemm_desc(MoEConfig const& config, bf16 const* h, bf16 const* w2,
-                                     float* y, ExpertSide side);
+                                     bf16* y, ExpertSide side);
 inline tasks::gemm::GemmDesc down_gemm_desc(MoEConfig const& config, bf16 const* h, bf16 const* w2,
-                                            float* y) {
+                                            bf16* y) {
   return down_gemm_desc(config, h, w2, y, all_experts(config));
 }
 

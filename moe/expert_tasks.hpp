@@ -1,7 +1,8 @@
 // The expert GEMM tiles, as tasks/gemm_tile.hpp tiles plus the MoE bookkeeping after them.
 // Up: h = act(x_e · W1_eᵀ) for one M-tile x N-tile, the activation applied per expert path in the
-// GEMM's epilogue (SwiGLU pairs the gate and up columns a tile holds). Down: y = h · W2_eᵀ in
-// fp32, each row delivered to y[slot][token] of the token it came from (one writer per
+// GEMM's epilogue (SwiGLU pairs the gate and up columns a tile holds). Down: y = h · W2_eᵀ
+// (fp32 accumulation, bf16 result), each row delivered to y[slot][token] of the token it came
+// from (one writer per
 // (slot, token)). The last up tile of an M-tile group emits the group's down tiles; the down tile
 // that completes a token block emits that block's combine.
 #pragma once
@@ -13,11 +14,11 @@ namespace loom::moe {
 
 // Where a down-projection row goes: y[slot][token] of pair `source` (token * k + slot), and of
 // the pair pool row `row` came from.
-LOOM_HD inline float* slot_row_of(MoEView const& v, std::uint32_t source) {
+LOOM_HD inline bf16* slot_row_of(MoEView const& v, std::uint32_t source) {
   std::uint32_t const t = source / v.top_k, j = source % v.top_k;
   return v.y + (std::size_t{j} * v.max_tokens + t) * v.hidden;
 }
-LOOM_HD inline float* slot_row(MoEView const& v, std::uint32_t row) {
+LOOM_HD inline bf16* slot_row(MoEView const& v, std::uint32_t row) {
   return slot_row_of(v, v.row_source[row]);
 }
 

@@ -190,8 +190,8 @@ struct GatherTokens {
 #endif
 };
 
-// Combine: out[t] = sum over j of w[t, j] * y[j][t], in top-k order, accumulated in fp32; a
-// token with no expert gets zeros.
+// Combine: out[t] = sum over j of w[t, j] * y[j][t], in top-k order, accumulated in fp32 from the
+// bf16 expert outputs; a token with no expert gets zeros.
 struct CombineTokens {
   static constexpr char const* name = "moe_combine";
   static constexpr unsigned threads = 128;
@@ -203,7 +203,7 @@ struct CombineTokens {
     for (std::uint32_t j = 0; j < v.top_k; ++j) {
       if (v.topk_ids[std::size_t{t} * v.top_k + j] < 0) continue;
       acc += v.topk_weights[std::size_t{t} * v.top_k + j] *
-             v.y[(std::size_t{j} * v.max_tokens + t) * v.hidden + c];
+             __bfloat162float(v.y[(std::size_t{j} * v.max_tokens + t) * v.hidden + c]);
     }
     return acc;
   }
@@ -218,7 +218,7 @@ struct CombineTokens {
   }
 
 #if defined(__CUDACC__)
-  // The block's routing words go to shared memory once. Each thread then combines 4 columns of
+  // The block's routing words go to shared memory once. Each thread then combines 8 columns of
   // kLoads / K items (token, column group) at a time, where K >= top_k is a compile-time slot
   // count: every 16-byte read of y for those items is issued before the first is used.
   static constexpr std::uint32_t kLoads = 16;
@@ -240,7 +240,7 @@ struct CombineTokens {
     std::uint32_t const n =
         t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
     std::size_t const slot_stride = std::size_t{v.max_tokens} * hidden;
-    float const* const y = v.y + std::size_t{t0} * hidden;
+    bf16 const* const y = v.y + std::size_t{t0} * hidden;
     bf16* const out = v.out + std::size_t{t0} * hidden;
     __shared__ float weight[kMaxTokenBlock * kMaxTopK];
     __shared__ bool used[kMaxTokenBlock * kMaxTopK];
@@ -250,38 +250,46 @@ struct CombineTokens {
       weight[i] = used[i] ? v.topk_weights[at] : 0.0f;
     }
     __syncthreads();
-    std::uint32_t const quads = hidden / 4, items = n * quads;
+    std::uint32_t const octets = hidden / 8, items = n * octets;
     for (std::uint32_t i0 = threadIdx.x; i0 < items; i0 += kItems * blockDim.x) {
-      float4 yv[kItems][K];
+      uint4 yv[kItems][K];
 #pragma unroll
       for (std::uint32_t u = 0; u < kItems; ++u) {
         std::uint32_t const i = i0 + u * blockDim.x;
-        std::uint32_t const t = i / quads, c = (i - t * quads) * 4;
+        std::uint32_t const t = i / octets, c = (i - t * octets) * 8;
 #pragma unroll
         for (std::uint32_t j = 0; j < K; ++j) {
-          yv[u][j] = make_float4(0.f, 0.f, 0.f, 0.f);
+          yv[u][j] = uint4{0u, 0u, 0u, 0u};
           if (i < items && j < top_k && used[t * top_k + j])
             yv[u][j] = __ldcg(
-                reinterpret_cast<float4 const*>(y + j * slot_stride + std::size_t{t} * hidden + c));
+                reinterpret_cast<uint4 const*>(y + j * slot_stride + std::size_t{t} * hidden + c));
         }
       }
 #pragma unroll
       for (std::uint32_t u = 0; u < kItems; ++u) {
         std::uint32_t const i = i0 + u * blockDim.x;
         if (i >= items) break;
-        std::uint32_t const t = i / quads, c = (i - t * quads) * 4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        std::uint32_t const t = i / octets, c = (i - t * octets) * 8;
+        float acc[8] = {};
 #pragma unroll
         for (std::uint32_t j = 0; j < K; ++j) {
           if (j >= top_k) break;
           if (!used[t * top_k + j]) continue;
           float const w = weight[t * top_k + j];
-          acc.x += w * yv[u][j].x, acc.y += w * yv[u][j].y, acc.z += w * yv[u][j].z,
-              acc.w += w * yv[u][j].w;
+          auto const* const h = reinterpret_cast<__nv_bfloat162 const*>(&yv[u][j]);
+#pragma unroll
+          for (std::uint32_t q = 0; q < 4; ++q) {
+            float2 const f = __bfloat1622float2(h[q]);
+            acc[2 * q] += w * f.x;
+            acc[2 * q + 1] += w * f.y;
+          }
         }
-        auto* const o = reinterpret_cast<__nv_bfloat162*>(out + std::size_t{t} * hidden + c);
-        o[0] = __floats2bfloat162_rn(acc.x, acc.y);
-        o[1] = __floats2bfloat162_rn(acc.z, acc.w);
+        uint4 o;
+        auto* const ob = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+        for (std::uint32_t q = 0; q < 4; ++q)
+          ob[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+        *reinterpret_cast<uint4*>(out + std::size_t{t} * hidden + c) = o;
       }
     }
   }

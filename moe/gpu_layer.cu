@@ -30,7 +30,7 @@ GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Gpu
   ExpertGemmConfigs const gemms = choose_expert_gemms(config, path);
   std::size_t const rows = std::size_t{config.max_tokens} * config.top_k;
   block_done_ = zeros<std::uint32_t>(shape_.max_blocks);
-  y_ = DeviceBuffer<float>(rows * config.hidden);
+  y_ = DeviceBuffer<bf16>(rows * config.hidden);
 
   MoEView v = shape_;
   buf_.bind(v);

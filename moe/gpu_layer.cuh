@@ -49,7 +49,7 @@ class GpuMoELayer {
   MoEView shape_;
   LayerBuffers buf_;
   DeviceBuffer<std::uint32_t> block_done_;
-  DeviceBuffer<float> y_;
+  DeviceBuffer<bf16> y_;
   std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
   DeviceBuffer<MoEView> view_;
   std::unique_ptr<GpuExecutor<MoEPipeline>> executor_;

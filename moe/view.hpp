@@ -9,9 +9,9 @@
 //           last row of an M-tile to arrive emits that tile's up-projection tasks
 //   up      (per M-tile x N-tile, a tensor-core GEMM tile): act(x_e · W1_e) into h; the last
 //           N-tile of an M-tile emits its down-projection tasks
-//   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32); the last arrival
-//           for a token block emits its combine
-//   combine (per token block): out[t] = sum_j w[t,j] y[j][t] in top-k order, fp32
+//   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32 accumulation, stored
+//           as bf16); the last arrival for a token block emits its combine
+//   combine (per token block): out[t] = sum_j w[t,j] y[j][t] in top-k order, accumulated in fp32
 // Counters that a call raises are lowered again by the task that consumes them, so the next
 // call starts clean without the host touching anything.
 #pragma once
@@ -118,7 +118,7 @@ struct MoEView {
   bf16 const* w1;        // [E][up_cols][H], gate/up interleaved per N-tile for SwiGLU
   bf16 const* w2;        // [E][H][ffn]
   // The expert GEMMs (tasks/gemm_tile.hpp): up = pool · W1ᵀ with the activation into h; down =
-  // h · W2ᵀ, fp32, delivered row by row to y[slot][token].
+  // h · W2ᵀ, accumulated in fp32 and stored as bf16, delivered row by row to y[slot][token].
   tasks::gemm::GemmOperands const* up_ops;
   tasks::gemm::GemmOperands const* down_ops;
 
@@ -140,7 +140,7 @@ struct MoEView {
   bf16* pool;                 // [T*k][H] gathered token rows
   std::uint32_t* row_source;  // [T*k] token * k + slot of each pool row
   bf16* h;                    // [T*k][ffn] activations after the up-projection
-  float* y;                   // [k][T][H] expert outputs at [slot][token]
+  bf16* y;                    // [k][T][H] expert outputs at [slot][token]
 
   // Arrival counters, lowered by their last arriver.
   std::uint32_t* rows_arrived;  // [max_mtiles] gathered rows per M-tile group (at its first)
