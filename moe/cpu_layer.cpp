@@ -9,8 +9,8 @@ namespace loom::moe {
 
 CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options)
     : config_(config) {
-  ExpertGemmConfigs const gemms = choose_expert_gemms(config);
-  MoEView v = make_view_shape(config, gemms);
+  LayerShapes const shapes = make_layer_shapes(config, tasks::gemm::MmaPath::wgmma);
+  MoEView v = shapes.main;
   check_shapes(config, weights);
   router_ = weights.router;
   w1_ = pack_up_projection(config, weights);
@@ -55,13 +55,24 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   v.block_done = block_done_.data();
   v.route_arrived = route_arrived_.data();
   v.route_partial = route_partial_.data();
-  up_ops_ = std::make_unique<tasks::gemm::GemmOperands>(
-      tasks::gemm::make_operands(up_gemm_desc(config, pool_.data(), w1_.data(), h_.data()), gemms.up));
-  down_ops_ = std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
-      down_gemm_desc(config, h_.data(), w2_.data(), y_.data()), gemms.down));
-  v.up_ops = up_ops_.get();
-  v.down_ops = down_ops_.get();
-  view_ = std::make_unique<MoEView>(v);
+  // One view per M-tile height (see LayerShapes), each with its own GEMM operands.
+  auto const with_gemms = [&](MoEView w, ExpertGemmConfigs const& gemms) {
+    ops_.push_back(std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
+        up_gemm_desc(config, pool_.data(), w1_.data(), h_.data()), gemms.up)));
+    w.up_ops = ops_.back().get();
+    ops_.push_back(std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
+        down_gemm_desc(config, h_.data(), w2_.data(), y_.data()), gemms.down)));
+    w.down_ops = ops_.back().get();
+    return w;
+  };
+  if (shapes.has_short) {
+    MoEView s = v;  // v's buffers with the short shape's tiles
+    s.tile_rows = shapes.short_tiles.tile_rows;
+    s.short_tokens = 0;
+    short_view_ = std::make_unique<MoEView>(with_gemms(s, shapes.short_gemms));
+    v.short_view = short_view_.get();
+  }
+  view_ = std::make_unique<MoEView>(with_gemms(v, shapes.gemms));
   std::vector<Graph> graphs;
   graphs.push_back(build_moe_graph(v, view_.get()));
   executor_ = std::make_unique<CpuExecutor<MoEPipeline>>(std::move(graphs), options);
@@ -94,8 +105,11 @@ void CpuMoELayer::run(bf16 const* x, std::uint32_t tokens, bf16* out) {
     throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
   call_[0] = tokens;
-  view_->x = x;
-  view_->out = out;
+  for (MoEView* v : {view_.get(), short_view_.get()}) {
+    if (!v) continue;
+    v->x = x;
+    v->out = out;
+  }
   last_tokens_ = tokens;
   try {
     executor_->run();
@@ -109,6 +123,15 @@ void CpuMoELayer::run(bf16 const* x, std::uint32_t tokens, bf16* out) {
     std::fill(route_arrived_.begin(), route_arrived_.end(), 0u);
     throw;
   }
+}
+
+std::uint32_t CpuMoELayer::mtile_rows(std::uint32_t tokens) const {
+  bool const short_call = view_->short_view && tokens <= view_->short_tokens;
+  return short_call ? view_->short_view->tile_rows : view_->tile_rows;
+}
+
+std::uint32_t CpuMoELayer::mtiles() const {
+  return tile_base_[config_.experts];
 }
 
 std::vector<std::uint32_t> CpuMoELayer::expert_tokens() const {

@@ -28,6 +28,10 @@ class CpuMoELayer {
   std::vector<std::uint32_t> expert_tokens() const;
   std::vector<std::int32_t> topk_ids() const;
   std::vector<float> topk_weights() const;
+  // Rows per expert M-tile in a call of `tokens` tokens (the plan picks the view), and the
+  // M-tiles of the last call.
+  std::uint32_t mtile_rows(std::uint32_t tokens) const;
+  std::uint32_t mtiles() const;
 
   CpuExecutor<MoEPipeline>& executor() { return *executor_; }
 
@@ -41,8 +45,8 @@ class CpuMoELayer {
   std::vector<std::int32_t> ids_;
   std::vector<float> weights_, route_partial_;
   std::vector<bf16> pool_, h_, y_;
-  std::unique_ptr<tasks::gemm::GemmOperands> up_ops_, down_ops_;
-  std::unique_ptr<MoEView> view_;
+  std::vector<std::unique_ptr<tasks::gemm::GemmOperands>> ops_;
+  std::unique_ptr<MoEView> short_view_, view_;
   std::unique_ptr<CpuExecutor<MoEPipeline>> executor_;
   std::uint32_t last_tokens_ = 0;
 };

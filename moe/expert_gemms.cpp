@@ -4,15 +4,28 @@ namespace loom::moe {
 
 using namespace tasks::gemm;
 
-ExpertGemmConfigs choose_expert_gemms(MoEConfig const& c, MmaPath path) {
-  double const rows_per_expert = double(c.max_tokens) * c.top_k / c.experts;
+namespace {
+
+ExpertGemmConfigs expert_gemms(std::uint32_t block_m, MmaPath path) {
   GemmConfig g{};
-  g.block_m = rows_per_expert <= kShortMTileRows ? 64 : 128;
+  g.block_m = block_m;
   g.block_n = 256;
   g.splits = 1;
   g.path = path;
   g.stages = static_cast<std::uint8_t>(g.max_stages());
   return ExpertGemmConfigs{g, g};
+}
+
+}  // namespace
+
+ExpertGemmConfigs choose_expert_gemms(MoEConfig const& c, MmaPath path) {
+  return expert_gemms(short_mtiles(c, c.max_tokens) ? 64 : 128, path);
+}
+
+bool short_expert_gemms(MoEConfig const& c, MmaPath path, ExpertGemmConfigs& out) {
+  if (short_mtiles(c, c.max_tokens)) return false;
+  out = expert_gemms(64, path);
+  return true;
 }
 
 GemmDesc up_gemm_desc(MoEConfig const& c, bf16 const* pool, bf16 const* w1, bf16* h,

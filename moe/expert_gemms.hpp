@@ -6,8 +6,9 @@
 // H200 at H = D = 2048, E = 64, top-2 (max_tokens = T), 64-row tiles were 3-5% faster at 16 and
 // 32 rows per expert (and in decode), and 128-row tiles 4% faster at 64 rows per expert and
 // 14-20% faster at 128 and more. N-tiles are 256 wide for both heights (wider is fewer, longer
-// tasks; the 128x256 tile borrows registers with setmaxnreg). The choice is made from
-// max_tokens, once per layer.
+// tasks; the 128x256 tile borrows registers with setmaxnreg). The layer's height is chosen from
+// max_tokens; a layer with 128-row tiles also gets the 64-row configuration
+// (short_expert_gemms), which its plan takes for a call of few tokens (MoEView::short_view).
 #pragma once
 
 #include "moe/view.hpp"
@@ -15,14 +16,22 @@
 
 namespace loom::moe {
 
-inline constexpr double kShortMTileRows = 48;
+inline constexpr std::uint32_t kShortMTileRows = 48;
 
 struct ExpertGemmConfigs {
   tasks::gemm::GemmConfig up, down;
 };
 
+// Whether `tokens` tokens give an expert at most kShortMTileRows rows on average.
+inline bool short_mtiles(MoEConfig const& c, std::uint32_t tokens) {
+  return std::uint64_t{tokens} * c.top_k <= std::uint64_t{kShortMTileRows} * c.experts;
+}
+
 ExpertGemmConfigs choose_expert_gemms(MoEConfig const& config,
                                       tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
+// The 64-row configuration for the calls of few tokens, when choose_expert_gemms chose 128 rows;
+// false when the layer's tiles are already short.
+bool short_expert_gemms(MoEConfig const& config, tasks::gemm::MmaPath path, ExpertGemmConfigs& out);
 
 // Which experts a rank's GEMMs hold and how many pool rows it has: all of them and T * k on one
 // GPU; E / P and the expert-parallel pool (moe/ep_layer.hpp) on each of P ranks.

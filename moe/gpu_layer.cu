@@ -4,11 +4,16 @@ namespace loom::moe {
 
 namespace {
 
-// The per-call words, written on the stream ahead of the persistent kernel.
-__global__ void set_call(MoEView* view, bf16 const* x, bf16* out, std::uint32_t tokens,
-                         std::uint32_t given) {
+// The per-call words, written on the stream ahead of the persistent kernel (in the short-tile
+// view too, when the layer has one: the plan may run the call on it).
+__global__ void set_call(MoEView* view, MoEView* short_view, bf16 const* x, bf16* out,
+                         std::uint32_t tokens, std::uint32_t given) {
   view->x = x;
   view->out = out;
+  if (short_view) {
+    short_view->x = x;
+    short_view->out = out;
+  }
   const_cast<std::uint32_t*>(view->call)[0] = tokens;
   const_cast<std::uint32_t*>(view->call)[1] = given;
 }
@@ -25,25 +30,45 @@ LayerBuffers checked_buffers(MoEConfig const& c, MoEView const& shape, MoEWeight
 GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, GpuOptions options,
                          tasks::gemm::MmaPath path)
     : config_(config),
-      shape_(make_view_shape(config, choose_expert_gemms(config, path))),
-      buf_(checked_buffers(config, shape_, weights)) {
-  ExpertGemmConfigs const gemms = choose_expert_gemms(config, path);
+      shapes_(make_layer_shapes(config, path)),
+      buf_(checked_buffers(config, shapes_.main, weights)) {
   std::size_t const rows = std::size_t{config.max_tokens} * config.top_k;
-  block_done_ = zeros<std::uint32_t>(shape_.max_blocks);
+  block_done_ = zeros<std::uint32_t>(shapes_.main.max_blocks);
   y_ = DeviceBuffer<bf16>(rows * config.hidden);
 
-  MoEView v = shape_;
-  buf_.bind(v);
-  v.y = y_.get();
-  v.block_done = block_done_.get();
-  up_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
-      up_gemm_desc(config, buf_.pool.get(), buf_.w1.get(), buf_.h.get()), gemms.up);
-  down_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
-      down_gemm_desc(config, buf_.h.get(), buf_.w2.get(), y_.get()), gemms.down);
-  v.up_ops = up_gemm_->device();
-  v.down_ops = down_gemm_->device();
+  // One view per M-tile height, over the same buffers, each with its own GEMM operands.
+  auto const view_of = [&](MoEView v, ExpertGemmConfigs const& gemms, Gemms& g) {
+    buf_.bind(v);
+    v.y = y_.get();
+    v.block_done = block_done_.get();
+    g.up = std::make_unique<tasks::gemm::DeviceGemm>(
+        up_gemm_desc(config, buf_.pool.get(), buf_.w1.get(), buf_.h.get()), gemms.up);
+    g.down = std::make_unique<tasks::gemm::DeviceGemm>(
+        down_gemm_desc(config, buf_.h.get(), buf_.w2.get(), y_.get()), gemms.down);
+    v.up_ops = g.up->device();
+    v.down_ops = g.down->device();
+    return v;
+  };
+  MoEView v = view_of(shapes_.main, shapes_.gemms, gemms_);
+  if (shapes_.has_short) {
+    short_view_ = DeviceBuffer<MoEView>(
+        std::vector<MoEView>{view_of(shapes_.short_tiles, shapes_.short_gemms, short_gemms_)});
+    v.short_view = short_view_.get();
+  }
   view_ = DeviceBuffer<MoEView>(std::vector<MoEView>{v});
   executor_ = std::make_unique<GpuExecutor<MoEPipeline>>(build_moe_graph(v, view_.get()), options);
+}
+
+std::uint32_t GpuMoELayer::mtile_rows(std::uint32_t tokens) const {
+  bool const short_call = shapes_.has_short && tokens <= shapes_.main.short_tokens;
+  return short_call ? shapes_.short_tiles.tile_rows : shapes_.main.tile_rows;
+}
+
+std::uint32_t GpuMoELayer::mtiles() const {
+  std::uint32_t n = 0;
+  LOOM_CUDA(
+      cudaMemcpy(&n, buf_.tile_base.get() + config_.experts, sizeof(n), cudaMemcpyDeviceToHost));
+  return n;
 }
 
 void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* out,
@@ -52,7 +77,7 @@ void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* 
     throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
   last_tokens_ = tokens;
-  set_call<<<1, 1, 0, stream>>>(view_.get(), x, out, tokens, given ? 1u : 0u);
+  set_call<<<1, 1, 0, stream>>>(view_.get(), short_view_.get(), x, out, tokens, given ? 1u : 0u);
   LOOM_CUDA(cudaGetLastError());
   executor_->launch(stream);
 }
@@ -67,8 +92,8 @@ void GpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, std::int32_t cons
     throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
   std::size_t const n = std::size_t{tokens} * config_.top_k;
-  LOOM_CUDA(cudaMemcpyAsync(buf_.ids.get(), ids, n * sizeof(std::int32_t),
-                            cudaMemcpyDeviceToDevice, stream));
+  LOOM_CUDA(cudaMemcpyAsync(buf_.ids.get(), ids, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                            stream));
   LOOM_CUDA(cudaMemcpyAsync(buf_.weights.get(), weights, n * sizeof(float),
                             cudaMemcpyDeviceToDevice, stream));
   launch(x, tokens, true, out, stream);

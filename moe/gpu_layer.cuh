@@ -38,6 +38,10 @@ class GpuMoELayer {
   std::vector<std::uint32_t> expert_tokens() const;
   std::vector<std::int32_t> topk_ids() const;
   std::vector<float> topk_weights() const;
+  // Rows per expert M-tile in a call of `tokens` tokens (the plan picks the view), and the
+  // M-tiles of the last call (synchronises).
+  std::uint32_t mtile_rows(std::uint32_t tokens) const;
+  std::uint32_t mtiles() const;
 
   GpuExecutor<MoEPipeline>& executor() { return *executor_; }
 
@@ -45,13 +49,17 @@ class GpuMoELayer {
   void launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* out, cudaStream_t stream);
   void lower_counters();
 
+  struct Gemms {
+    std::unique_ptr<tasks::gemm::DeviceGemm> up, down;
+  };
+
   MoEConfig config_;
-  MoEView shape_;
+  LayerShapes shapes_;
   LayerBuffers buf_;
   DeviceBuffer<std::uint32_t> block_done_;
   DeviceBuffer<bf16> y_;
-  std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
-  DeviceBuffer<MoEView> view_;
+  Gemms gemms_, short_gemms_;
+  DeviceBuffer<MoEView> short_view_, view_;
   std::unique_ptr<GpuExecutor<MoEPipeline>> executor_;
   std::uint32_t last_tokens_ = 0;
 };

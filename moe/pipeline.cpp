@@ -75,6 +75,20 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   return v;
 }
 
+LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path) {
+  LayerShapes s;
+  s.gemms = choose_expert_gemms(c, path);
+  s.main = make_view_shape(c, s.gemms);
+  s.has_short = short_expert_gemms(c, path, s.short_gemms);
+  if (!s.has_short) return s;
+  s.short_tiles = make_view_shape(c, s.short_gemms);
+  s.main.max_mtiles = s.short_tiles.max_mtiles =
+      std::max(s.main.max_mtiles, s.short_tiles.max_mtiles);
+  // The largest call with at most kShortMTileRows rows per expert on average.
+  s.main.short_tokens = kShortMTileRows * c.experts / c.top_k;
+  return s;
+}
+
 std::uint32_t dynamic_bound(MoEView const& v) {
   return v.max_mtiles * (v.up_tiles + v.down_tiles) + 2 * v.max_blocks;  // + gathers, combines
 }

@@ -20,6 +20,17 @@ using MoEPipeline =
 MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms,
                         bool spread_routes = true);
 
+// The shapes of a one-GPU layer: `main` with the M-tile height chosen from max_tokens, and
+// `short_tiles` (has_short) with 64-row M-tiles for the calls of few tokens when main's are
+// taller. Both have the larger max_mtiles, so the buffers and the dynamic bound cover either.
+// Bind both views' buffers alike, then point main.short_view at short_tiles' copy.
+struct LayerShapes {
+  MoEView main{}, short_tiles{};
+  ExpertGemmConfigs gemms{}, short_gemms{};
+  bool has_short = false;
+};
+LayerShapes make_layer_shapes(MoEConfig const& config, tasks::gemm::MmaPath path);
+
 // The graph over a view that lives in the executor's memory at `view`.
 Graph build_moe_graph(MoEView const& shape, MoEView const* view);
 

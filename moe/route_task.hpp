@@ -611,7 +611,9 @@ struct RouteTokens {
 
 // Plan: offsets and M-tiles per expert from this call's counts; lowers the counters route and
 // gather raise; emits the gathers of this call's token blocks and gives back the part of the
-// dynamic bound this call will not use. (As static successors of the plan, the gathers of every
+// dynamic bound this call will not use. A call of few tokens on a layer that has short M-tiles
+// (MoEView::short_view) runs on that view from here on: the plan counts its tiles and emits its
+// gathers with it. (As static successors of the plan, the gathers of every
 // block up to max_tokens went out through the scheduler's fan-out, one gate each: the first
 // started 13-16 µs after the plan ended.)
 struct PlanExperts {
@@ -622,7 +624,13 @@ struct PlanExperts {
     MoEView const* view;
   };
 
-  LOOM_HD static void plan(MoEView const& v, TaskContext& ctx) {
+  // The view this call's expert tiles use.
+  LOOM_HD static MoEView const& tiles_view(MoEView const& v) {
+    return v.short_view && v.call[0] <= v.short_tokens ? *v.short_view : v;
+  }
+
+  LOOM_HD static void plan(MoEView const& main, TaskContext& ctx) {
+    MoEView const& v = tiles_view(main);
     std::uint32_t rows = 0, tiles = 0;
     for (std::uint32_t e = 0; e < v.experts; ++e) {
       std::uint32_t const c = load_relaxed(v.counts[e]);
@@ -659,7 +667,7 @@ struct PlanExperts {
   // The same plan, with the counts read by the whole block at once and the offsets summed in
   // shared memory (one thread, no memory round trip per expert).
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    MoEView const& v = *p.view;
+    MoEView const& v = tiles_view(*p.view);
     auto* const count = static_cast<std::uint32_t*>(ctx.shared_memory());  // [experts]
     __shared__ std::uint32_t tiles;
     for (std::uint32_t e = threadIdx.x; e < v.experts; e += blockDim.x)

@@ -94,6 +94,11 @@ struct MoEView {
   // weight tile at about the same time (once from HBM, the others from L2). 1: each M-tile as
   // soon as it is full (the expert-parallel receive, where rows arrive over time).
   std::uint32_t mtile_group;
+  // A layer whose M-tiles are tall also holds a view with short ones (moe/expert_gemms.hpp), the
+  // same in every other field: the plan runs a call of at most short_tokens tokens on it (it
+  // emits the gathers with that view, and everything after them follows). Null: one height.
+  MoEView const* short_view;
+  std::uint32_t short_tokens;
   std::uint32_t token_block;   // tokens per gather / combine task (a token block)
   std::uint32_t route_blocks;  // token blocks per route task
   std::uint32_t max_tokens, max_blocks, max_mtiles;

@@ -175,6 +175,44 @@ TEST(CpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
   EXPECT_EQ(layer.expert_tokens()[1], tokens);
 }
 
+// A layer built with tall M-tiles runs the calls of few tokens on short ones (the plan picks the
+// view per call), and the two alternate on the same counters without a trace left behind.
+TEST(CpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
+  MoEConfig c = small_config(Activation::swiglu, 4, 2);
+  c.max_tokens = 1100;
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuMoELayer layer(c, w);
+  std::uint32_t const short_tokens = kShortMTileRows * c.experts / c.top_k;
+  ASSERT_EQ(layer.mtile_rows(c.max_tokens), 128u);
+  ASSERT_EQ(layer.mtile_rows(short_tokens), 64u);
+  ASSERT_EQ(layer.mtile_rows(short_tokens + 1), 128u);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (std::uint32_t tokens : {short_tokens, 1100u, 5u, short_tokens + 1, short_tokens}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    auto const x = random_tokens(c, tokens, rng());
+    std::vector<std::int32_t> ids(tokens * 2);
+    std::vector<float> wts(tokens * 2);
+    std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+    for (std::uint32_t t = 0; t < tokens; ++t) {
+      // Expert 0 gets most tokens: more rows than a short M-tile holds.
+      std::int32_t const a = t % 4 == 3 ? static_cast<std::int32_t>(rng() % 4) : 0;
+      ids[2 * t] = a;
+      ids[2 * t + 1] = t % 5 == 0 ? -1 : (a + 1 + static_cast<std::int32_t>(rng() % 3)) % 4;
+      wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
+    }
+    auto out = poisoned(std::size_t{tokens} * c.hidden);
+    layer.forward(x.data(), tokens, ids.data(), wts.data(), out.data());
+    auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+    EXPECT_LT(relative_error(out, ref), 1e-2);
+    std::uint32_t const rows = layer.mtile_rows(tokens);
+    std::uint32_t expected = 0;
+    for (std::uint32_t n : layer.expert_tokens()) expected += (n + rows - 1) / rows;
+    EXPECT_EQ(layer.mtiles(), expected) << rows << "-row M-tiles";
+  }
+}
+
 TEST(CpuMoE, TokensWithNoExpertGetZeros) {
   MoEConfig const c = small_config(Activation::relu, 4, 2);
   MoEWeights const w = random_weights(c, 7);

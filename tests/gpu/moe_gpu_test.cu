@@ -166,6 +166,58 @@ TEST(GpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
   }
 }
 
+// A layer built with tall M-tiles runs the calls of few tokens on short ones (the plan picks the
+// view per call), alternating with tall calls on the same counters.
+TEST(GpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 4, 2, 1200);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  GpuMoELayer layer(c, w);
+  std::uint32_t const short_tokens = kShortMTileRows * c.experts / c.top_k;
+  ASSERT_EQ(layer.mtile_rows(c.max_tokens), 128u);
+  ASSERT_EQ(layer.mtile_rows(short_tokens), 64u);
+  ASSERT_EQ(layer.mtile_rows(short_tokens + 1), 128u);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (std::uint32_t tokens : {short_tokens, 1200u, 5u, short_tokens + 1, short_tokens}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    auto const x = random_tokens(c, tokens, rng());
+    std::vector<std::int32_t> ids(tokens * 2);
+    std::vector<float> wts(tokens * 2);
+    std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+    for (std::uint32_t t = 0; t < tokens; ++t) {
+      // Expert 0 gets most tokens: more rows than a short M-tile holds.
+      std::int32_t const a = t % 4 == 3 ? static_cast<std::int32_t>(rng() % 4) : 0;
+      ids[2 * t] = a;
+      ids[2 * t + 1] = t % 5 == 0 ? -1 : (a + 1 + static_cast<std::int32_t>(rng() % 3)) % 4;
+      wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
+    }
+    loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+    loom::DeviceBuffer<std::int32_t> dids(ids);
+    loom::DeviceBuffer<float> dw(wts);
+    std::uint32_t const rows = layer.mtile_rows(tokens);
+    // Caller routing, then the fused router on the same tokens.
+    dout.fill_bytes(0xFF);
+    layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
+    layer.check();
+    EXPECT_LT(relative_error(dout.download(),
+                             reference_moe(c, w, x.data(), tokens, ids.data(), wts.data())),
+              1e-2);
+    std::uint32_t expected = 0;
+    for (std::uint32_t n : layer.expert_tokens()) expected += (n + rows - 1) / rows;
+    EXPECT_EQ(layer.mtiles(), expected) << rows << "-row M-tiles";
+    dout.fill_bytes(0xFF);
+    layer.forward(dx.get(), tokens, dout.get());
+    layer.check();
+    auto const used = layer.topk_ids();
+    auto const used_w = layer.topk_weights();
+    EXPECT_LT(relative_error(dout.download(),
+                             reference_moe(c, w, x.data(), tokens, used.data(), used_w.data())),
+              1e-2);
+  }
+}
+
 TEST(GpuMoE, InvalidCallerRoutingEndsTheCallWithItsReason) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 64);
