@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "moe/reference.hpp"
@@ -23,6 +24,24 @@ void expect_matches_reference(MoEConfig const& c, MoEWeights const& w, std::vect
   EXPECT_EQ(check_routing(c, scores, tokens, ids.data(), wts.data(), 1e-3), "") << tokens;
   auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
   EXPECT_LT(relative_error(out, ref), 1e-2) << tokens;
+}
+
+// Top-2 caller routing over 4 experts, ids [tokens][2] and weights: expert 0 takes three tokens
+// in four (more rows than a short M-tile holds even in a short call), every fifth token has a -1.
+struct Top2Routing {
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+};
+inline Top2Routing skewed_top2_of_4(std::uint32_t tokens, std::mt19937& rng) {
+  Top2Routing r{std::vector<std::int32_t>(tokens * 2), std::vector<float>(tokens * 2)};
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (std::uint32_t t = 0; t < tokens; ++t) {
+    std::int32_t const a = t % 4 == 3 ? static_cast<std::int32_t>(rng() % 4) : 0;
+    r.ids[2 * t] = a;
+    r.ids[2 * t + 1] = t % 5 == 0 ? -1 : (a + 1 + static_cast<std::int32_t>(rng() % 3)) % 4;
+    r.weights[2 * t] = weight(rng), r.weights[2 * t + 1] = weight(rng);
+  }
+  return r;
 }
 
 // The last calls of a and b routed bitwise alike and gave bitwise the same output.

@@ -192,16 +192,7 @@ TEST(CpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
   for (std::uint32_t tokens : {short_tokens, 1100u, 5u, short_tokens + 1, short_tokens}) {
     SCOPED_TRACE("tokens " + std::to_string(tokens));
     auto const x = random_tokens(c, tokens, rng());
-    std::vector<std::int32_t> ids(tokens * 2);
-    std::vector<float> wts(tokens * 2);
-    std::uniform_real_distribution<float> weight(0.1f, 1.0f);
-    for (std::uint32_t t = 0; t < tokens; ++t) {
-      // Expert 0 gets most tokens: more rows than a short M-tile holds.
-      std::int32_t const a = t % 4 == 3 ? static_cast<std::int32_t>(rng() % 4) : 0;
-      ids[2 * t] = a;
-      ids[2 * t + 1] = t % 5 == 0 ? -1 : (a + 1 + static_cast<std::int32_t>(rng() % 3)) % 4;
-      wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
-    }
+    auto const [ids, wts] = checks::skewed_top2_of_4(tokens, rng);
     auto out = poisoned(std::size_t{tokens} * c.hidden);
     layer.forward(x.data(), tokens, ids.data(), wts.data(), out.data());
     auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
