@@ -8,9 +8,8 @@
 namespace loom::moe {
 
 CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options)
-    : config_(config) {
-  LayerShapes const shapes = make_layer_shapes(config, tasks::gemm::MmaPath::wgmma);
-  MoEView v = shapes.main;
+    : config_(config), shapes_(make_layer_shapes(config, tasks::gemm::MmaPath::wgmma)) {
+  MoEView v = shapes_.main;
   check_shapes(config, weights);
   router_ = weights.router;
   w1_ = pack_up_projection(config, weights);
@@ -65,14 +64,13 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
     w.down_ops = ops_.back().get();
     return w;
   };
-  if (shapes.has_short) {
+  if (shapes_.has_short) {
     MoEView s = v;  // v's buffers with the short shape's tiles
-    s.tile_rows = shapes.short_tiles.tile_rows;
-    s.short_tokens = 0;
-    short_view_ = std::make_unique<MoEView>(with_gemms(s, shapes.short_gemms));
+    s.tile_rows = shapes_.short_tiles.tile_rows;
+    short_view_ = std::make_unique<MoEView>(with_gemms(s, shapes_.short_gemms));
     v.short_view = short_view_.get();
   }
-  view_ = std::make_unique<MoEView>(with_gemms(v, shapes.gemms));
+  view_ = std::make_unique<MoEView>(with_gemms(v, shapes_.gemms));
   std::vector<Graph> graphs;
   graphs.push_back(build_moe_graph(v, view_.get()));
   executor_ = std::make_unique<CpuExecutor<MoEPipeline>>(std::move(graphs), options);
@@ -126,8 +124,7 @@ void CpuMoELayer::run(bf16 const* x, std::uint32_t tokens, bf16* out) {
 }
 
 std::uint32_t CpuMoELayer::mtile_rows(std::uint32_t tokens) const {
-  bool const short_call = view_->short_view && tokens <= view_->short_tokens;
-  return short_call ? view_->short_view->tile_rows : view_->tile_rows;
+  return shapes_.mtile_rows(tokens);
 }
 
 std::uint32_t CpuMoELayer::mtiles() const {

@@ -39,6 +39,7 @@ class CpuMoELayer {
   void run(bf16 const* x, std::uint32_t tokens, bf16* out);
 
   MoEConfig config_;
+  LayerShapes shapes_;
   std::vector<bf16> router_, w1_, w2_;
   std::vector<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
       block_pairs_, row_source_, rows_arrived_, up_done_, block_done_, route_arrived_;

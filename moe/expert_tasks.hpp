@@ -2,9 +2,8 @@
 // Up: h = act(x_e · W1_eᵀ) for one M-tile x N-tile, the activation applied per expert path in the
 // GEMM's epilogue (SwiGLU pairs the gate and up columns a tile holds). Down: y = h · W2_eᵀ
 // (fp32 accumulation, bf16 result), each row delivered to y[slot][token] of the token it came
-// from (one writer per
-// (slot, token)). The last up tile of an M-tile group emits the group's down tiles; the down tile
-// that completes a token block emits that block's combine.
+// from (one writer per (slot, token)). The last up tile of an M-tile group emits the group's down
+// tiles; the down tile that completes a token block emits that block's combine.
 #pragma once
 
 #include "moe/expert_tile.hpp"

@@ -60,8 +60,7 @@ GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Gpu
 }
 
 std::uint32_t GpuMoELayer::mtile_rows(std::uint32_t tokens) const {
-  bool const short_call = shapes_.has_short && tokens <= shapes_.main.short_tokens;
-  return short_call ? shapes_.short_tiles.tile_rows : shapes_.main.tile_rows;
+  return shapes_.mtile_rows(tokens);
 }
 
 std::uint32_t GpuMoELayer::mtiles() const {

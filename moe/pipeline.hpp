@@ -28,6 +28,12 @@ struct LayerShapes {
   MoEView main{}, short_tiles{};
   ExpertGemmConfigs gemms{}, short_gemms{};
   bool has_short = false;
+
+  // Rows per expert M-tile of a call of `tokens` tokens: the choice PlanExperts::tiles_view makes
+  // on the executor.
+  std::uint32_t mtile_rows(std::uint32_t tokens) const {
+    return has_short && tokens <= main.short_tokens ? short_tiles.tile_rows : main.tile_rows;
+  }
 };
 LayerShapes make_layer_shapes(MoEConfig const& config, tasks::gemm::MmaPath path);
 
