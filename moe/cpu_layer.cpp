@@ -67,6 +67,7 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   if (shapes_.has_short) {
     MoEView s = v;  // v's buffers with the short shape's tiles
     s.tile_rows = shapes_.short_tiles.tile_rows;
+    s.short_rows = 0;
     short_view_ = std::make_unique<MoEView>(with_gemms(s, shapes_.short_gemms));
     v.short_view = short_view_.get();
   }

@@ -65,6 +65,15 @@ LOOM_HD inline typename Gemm::Payload gemm_tile(TilePayload const& p,
   return g;
 }
 
+// The GEMM operands of an M-tile. On a layer with tall M-tiles, an expert's last M-tile that
+// holds no more rows than a short one runs on the short view's operands (the same buffers, half
+// the tile height): its rows cost half the tensor-core work and no more weight reads. Everything
+// else about the tile (its M-tile index, its group, its arrivals) stays with the main view.
+LOOM_HD inline MoEView const& gemm_view(TilePayload const& p) {
+  MoEView const& v = *p.view;
+  return v.short_view && p.rows <= v.short_rows ? *v.short_view : v;
+}
+
 struct ExpertUp {
   static constexpr char const* name = "moe_up";
   static constexpr unsigned threads = UpGemm::threads;
@@ -85,7 +94,7 @@ struct ExpertUp {
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
-    UpGemm::host(gemm_tile<UpGemm>(p, p.view->up_ops, 0), ctx);
+    UpGemm::host(gemm_tile<UpGemm>(p, gemm_view(p).up_ops, 0), ctx);
     MTileGroup g;
     if (completes_group(p, g))
       emit_group_tiles(ctx, p.view->down_type, *p.view, g, p.view->down_tiles);
@@ -93,7 +102,7 @@ struct ExpertUp {
 #if defined(__CUDACC__)
   // Thread 0 arrives for the tile; the group it completes goes out from the whole block.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    UpGemm::device(gemm_tile<UpGemm>(p, p.view->up_ops, 0), ctx);
+    UpGemm::device(gemm_tile<UpGemm>(p, gemm_view(p).up_ops, 0), ctx);
     __shared__ std::uint32_t done, start;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -135,7 +144,7 @@ struct ExpertDown {
 
   static void host(Payload const& p, TaskContext& ctx) {
     auto const tag = reinterpret_cast<std::uint64_t>(p.view);
-    DownGemm::host(gemm_tile<DownGemm>(p, p.view->down_ops, tag), ctx);
+    DownGemm::host(gemm_tile<DownGemm>(p, gemm_view(p).down_ops, tag), ctx);
     finish(p, ctx);
   }
 #if defined(__CUDACC__)
@@ -144,7 +153,7 @@ struct ExpertDown {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     auto const tag = reinterpret_cast<std::uint64_t>(p.view);
-    DownGemm::device(gemm_tile<DownGemm>(p, v.down_ops, tag), ctx);
+    DownGemm::device(gemm_tile<DownGemm>(p, gemm_view(p).down_ops, tag), ctx);
     __syncthreads();
     if (threadIdx.x < p.rows) {
       __threadfence();

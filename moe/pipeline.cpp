@@ -86,6 +86,7 @@ LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path) {
       std::max(s.main.max_mtiles, s.short_tiles.max_mtiles);
   // The largest call with at most kShortMTileRows rows per expert on average.
   s.main.short_tokens = kShortMTileRows * c.experts / c.top_k;
+  s.main.short_rows = s.short_tiles.tile_rows;
   return s;
 }
 

@@ -97,8 +97,11 @@ struct MoEView {
   // A layer whose M-tiles are tall also holds a view with short ones (moe/expert_gemms.hpp), the
   // same in every other field: the plan runs a call of at most short_tokens tokens on it (it
   // emits the gathers with that view, and everything after them follows). Null: one height.
+  // On the main view, an expert's last M-tile of at most short_rows rows (the short view's
+  // tile_rows) runs on the short view's GEMM operands (moe/expert_tasks.hpp). 0 on a short view
+  // and without one.
   MoEView const* short_view;
-  std::uint32_t short_tokens;
+  std::uint32_t short_tokens, short_rows;
   std::uint32_t token_block;   // tokens per gather / combine task (a token block)
   std::uint32_t route_blocks;  // token blocks per route task
   std::uint32_t max_tokens, max_blocks, max_mtiles;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -43,6 +44,33 @@ inline Top2Routing skewed_top2_of_4(std::uint32_t tokens, std::mt19937& rng) {
   }
   return r;
 }
+
+// Top-2 caller routing in which expert e takes exactly counts[e] of the 2 x tokens pairs (each at
+// most `tokens`, summing to 2 x tokens), the tokens in random order, random weights.
+inline Top2Routing top2_with_counts(std::vector<std::uint32_t> const& counts, std::uint32_t tokens,
+                                    std::mt19937& rng) {
+  std::vector<std::int32_t> pairs;  // the ids in expert order; token t takes t and t + tokens
+  for (std::size_t e = 0; e < counts.size(); ++e)
+    pairs.insert(pairs.end(), counts[e], static_cast<std::int32_t>(e));
+  EXPECT_EQ(pairs.size(), 2u * tokens);
+  pairs.resize(2u * tokens, -1);
+  std::vector<std::uint32_t> order(tokens);
+  for (std::uint32_t t = 0; t < tokens; ++t) order[t] = t;
+  std::shuffle(order.begin(), order.end(), rng);
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  Top2Routing r{std::vector<std::int32_t>(tokens * 2), std::vector<float>(tokens * 2)};
+  for (std::uint32_t t = 0; t < tokens; ++t) {
+    r.ids[2 * order[t]] = pairs[t];
+    r.ids[2 * order[t] + 1] = pairs[t + tokens];  // another expert: no count exceeds tokens
+    r.weights[2 * order[t]] = weight(rng), r.weights[2 * order[t] + 1] = weight(rng);
+  }
+  return r;
+}
+
+// Expert counts of a 600-token top-2 call whose last M-tiles of 128 rows hold 62, 65, 2 and 47
+// rows: three of them run on the short operands (at most 64 rows), one on the tall ones.
+inline std::vector<std::uint32_t> const kMixedLastTiles = {190, 321, 130, 559};
+inline constexpr std::uint32_t kMixedLastTilesTokens = 600;
 
 // The last calls of a and b routed bitwise alike and gave bitwise the same output.
 template <class Layer>

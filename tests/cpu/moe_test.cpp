@@ -9,6 +9,7 @@
 
 #include "moe/cpu_layer.hpp"
 #include "moe/expert_gemms.hpp"
+#include "moe/expert_tasks.hpp"
 #include "moe/pipeline.hpp"
 #include "moe/reference.hpp"
 #include "moe/view.hpp"
@@ -202,6 +203,49 @@ TEST(CpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
     for (std::uint32_t n : layer.expert_tokens()) expected += (n + rows - 1) / rows;
     EXPECT_EQ(layer.mtiles(), expected) << rows << "-row M-tiles";
   }
+}
+
+// The rule: on a layer with tall M-tiles, a tile of at most short_rows rows takes the short view's
+// GEMM operands, any other tile its own view's; the short view has no short view of its own.
+TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
+  MoEConfig c = small_config(Activation::swiglu, 4, 2);
+  c.max_tokens = 1100;
+  LayerShapes shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
+  ASSERT_TRUE(shapes.has_short);
+  ASSERT_EQ(shapes.main.tile_rows, 128u);
+  EXPECT_EQ(shapes.main.short_rows, 64u);
+  EXPECT_EQ(shapes.short_tiles.short_rows, 0u);
+  shapes.main.short_view = &shapes.short_tiles;
+  auto const view_for = [](MoEView const& v, std::uint16_t rows) {
+    return &gemm_view(TilePayload{&v, 0, 0, rows, 0, 0});
+  };
+  EXPECT_EQ(view_for(shapes.main, 1), &shapes.short_tiles);
+  EXPECT_EQ(view_for(shapes.main, 64), &shapes.short_tiles);
+  EXPECT_EQ(view_for(shapes.main, 65), &shapes.main);
+  EXPECT_EQ(view_for(shapes.main, 128), &shapes.main);
+  EXPECT_EQ(view_for(shapes.short_tiles, 64), &shapes.short_tiles);
+  MoEConfig small = small_config(Activation::swiglu, 4, 2);
+  small.max_tokens = 40;  // 64-row tiles: no short view
+  LayerShapes const one = make_layer_shapes(small, loom::tasks::gemm::MmaPath::wgmma);
+  EXPECT_EQ(one.main.tile_rows, 64u);
+  EXPECT_FALSE(one.has_short);
+  EXPECT_EQ(one.main.short_rows, 0u);
+
+  // A call whose experts end in M-tiles of 62, 65, 2 and 47 rows, against float64.
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuMoELayer layer(c, w);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uint32_t const tokens = checks::kMixedLastTilesTokens;
+  auto const x = random_tokens(c, tokens, rng());
+  auto const [ids, wts] = checks::top2_with_counts(checks::kMixedLastTiles, tokens, rng);
+  auto out = poisoned(std::size_t{tokens} * c.hidden);
+  layer.forward(x.data(), tokens, ids.data(), wts.data(), out.data());
+  EXPECT_LT(relative_error(out, reference_moe(c, w, x.data(), tokens, ids.data(), wts.data())),
+            1e-2);
+  EXPECT_EQ(layer.expert_tokens(), checks::kMixedLastTiles);
+  EXPECT_EQ(layer.mtiles(), 2u + 3u + 2u + 5u);
 }
 
 TEST(CpuMoE, TokensWithNoExpertGetZeros) {

@@ -209,6 +209,34 @@ TEST(GpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
   }
 }
 
+// A tall layer's call whose experts end in M-tiles of 62, 65, 2 and 47 rows: three run on the
+// short view's operands (64-row tiles), one on the tall ones; against float64.
+TEST(GpuMoE, LastMTilesOfFewRowsRunOnTheShortOperands) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 4, 2, 1200);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  GpuMoELayer layer(c, w);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uint32_t const tokens = checks::kMixedLastTilesTokens;
+  ASSERT_EQ(layer.mtile_rows(tokens), 128u);
+  auto const x = random_tokens(c, tokens, rng());
+  auto const [ids, wts] = checks::top2_with_counts(checks::kMixedLastTiles, tokens, rng);
+  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+  loom::DeviceBuffer<std::int32_t> dids(ids);
+  loom::DeviceBuffer<float> dw(wts);
+  auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
+  for (int call = 0; call < 3; ++call) {
+    dout.fill_bytes(0xFF);
+    layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
+    layer.check();
+    EXPECT_LT(relative_error(dout.download(), ref), 1e-2) << "call " << call;
+    EXPECT_EQ(layer.expert_tokens(), checks::kMixedLastTiles);
+    EXPECT_EQ(layer.mtiles(), 2u + 3u + 2u + 5u);
+  }
+}
+
 TEST(GpuMoE, InvalidCallerRoutingEndsTheCallWithItsReason) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 64);
