@@ -9,7 +9,7 @@ namespace loom::moe {
 
 CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options)
     : config_(config), shapes_(make_layer_shapes(config, tasks::gemm::MmaPath::wgmma)) {
-  MoEView v = shapes_.main;
+  MoEView const& shape = shapes_.main;  // the sizes, the same in both views
   check_shapes(config, weights);
   router_ = weights.router;
   w1_ = pack_up_projection(config, weights);
@@ -21,57 +21,56 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   offsets_.assign(config.experts + 1, 0);
   tile_base_.assign(config.experts + 1, 0);
   fill_.assign(config.experts, 0);
-  block_pairs_.assign(v.max_blocks, 0);
+  block_pairs_.assign(shape.max_blocks, 0);
   row_source_.assign(rows, 0);
-  rows_arrived_.assign(v.max_mtiles, 0);
-  up_done_.assign(v.max_mtiles, 0);
-  block_done_.assign(v.max_blocks, 0);
-  route_arrived_.assign(v.max_routes, 0);
-  route_partial_.assign(route_partial_size(v), 0.0f);
+  rows_arrived_.assign(shape.max_mtiles, 0);
+  up_done_.assign(shape.max_mtiles, 0);
+  block_done_.assign(shape.max_blocks, 0);
+  route_arrived_.assign(shape.max_routes, 0);
+  route_partial_.assign(route_partial_size(shape), 0.0f);
   ids_.assign(rows, -1);
   weights_.assign(rows, 0.0f);
   y_.assign(rows * config.hidden, __float2bfloat16(0.0f));
   pool_.resize(rows * config.hidden);
   h_.resize(rows * config.ffn);
-  v.call = call_.data();
-  v.router_w = router_.data();
-  v.w1 = w1_.data();
-  v.w2 = w2_.data();
-  v.topk_ids = ids_.data();
-  v.topk_weights = weights_.data();
-  v.counts = counts_.data();
-  v.expert_tokens = expert_tokens_.data();
-  v.offsets = offsets_.data();
-  v.tile_base = tile_base_.data();
-  v.fill = fill_.data();
-  v.block_pairs = block_pairs_.data();
-  v.pool = pool_.data();
-  v.row_source = row_source_.data();
-  v.h = h_.data();
-  v.y = y_.data();
-  v.rows_arrived = rows_arrived_.data();
-  v.up_done = up_done_.data();
-  v.block_done = block_done_.data();
-  v.route_arrived = route_arrived_.data();
-  v.route_partial = route_partial_.data();
-  // One view per M-tile height (see LayerShapes), each with its own GEMM operands.
-  auto const with_gemms = [&](MoEView w, ExpertGemmConfigs const& gemms) {
+  // One view per M-tile height (see LayerShapes), over the same buffers, each with its own GEMM
+  // operands.
+  auto const view_of = [&](MoEView v, ExpertGemmConfigs const& gemms) {
+    v.call = call_.data();
+    v.router_w = router_.data();
+    v.w1 = w1_.data();
+    v.w2 = w2_.data();
+    v.topk_ids = ids_.data();
+    v.topk_weights = weights_.data();
+    v.counts = counts_.data();
+    v.expert_tokens = expert_tokens_.data();
+    v.offsets = offsets_.data();
+    v.tile_base = tile_base_.data();
+    v.fill = fill_.data();
+    v.block_pairs = block_pairs_.data();
+    v.pool = pool_.data();
+    v.row_source = row_source_.data();
+    v.h = h_.data();
+    v.y = y_.data();
+    v.rows_arrived = rows_arrived_.data();
+    v.up_done = up_done_.data();
+    v.block_done = block_done_.data();
+    v.route_arrived = route_arrived_.data();
+    v.route_partial = route_partial_.data();
     ops_.push_back(std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
         up_gemm_desc(config, pool_.data(), w1_.data(), h_.data()), gemms.up)));
-    w.up_ops = ops_.back().get();
+    v.up_ops = ops_.back().get();
     ops_.push_back(std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
         down_gemm_desc(config, h_.data(), w2_.data(), y_.data()), gemms.down)));
-    w.down_ops = ops_.back().get();
-    return w;
+    v.down_ops = ops_.back().get();
+    return v;
   };
+  MoEView v = view_of(shapes_.main, shapes_.gemms);
   if (shapes_.has_short) {
-    MoEView s = v;  // v's buffers with the short shape's tiles
-    s.tile_rows = shapes_.short_tiles.tile_rows;
-    s.short_rows = 0;
-    short_view_ = std::make_unique<MoEView>(with_gemms(s, shapes_.short_gemms));
+    short_view_ = std::make_unique<MoEView>(view_of(shapes_.short_tiles, shapes_.short_gemms));
     v.short_view = short_view_.get();
   }
-  view_ = std::make_unique<MoEView>(with_gemms(v, shapes_.gemms));
+  view_ = std::make_unique<MoEView>(v);
   std::vector<Graph> graphs;
   graphs.push_back(build_moe_graph(v, view_.get()));
   executor_ = std::make_unique<CpuExecutor<MoEPipeline>>(std::move(graphs), options);
