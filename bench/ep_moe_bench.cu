@@ -21,6 +21,7 @@
 #include "moe/ep_gpu_layer.cuh"
 #include "moe/reference.hpp"
 #include "runtime/cuda/scoped_device.hpp"
+#include "runtime/trace.hpp"
 
 namespace {
 
@@ -50,7 +51,8 @@ void sync_all(std::vector<int> const& devices) {
   }
 }
 
-void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& first_json) {
+void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& first_json,
+         std::string const& trace_prefix) {
   MoEConfig c;
   c.hidden = s.hidden, c.ffn = s.ffn, c.experts = s.experts_per_rank * world, c.top_k = s.top_k;
   c.activation = Activation::swiglu, c.router = RouterScore::softmax;
@@ -58,7 +60,11 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   std::vector<int> devices(world);
   for (std::uint32_t r = 0; r < world; ++r) devices[r] = static_cast<int>(r);
   MoEWeights const w = random_weights(c, 1234);
-  GpuEpMoEGroup fused(c, w, devices);
+  loom::GpuOptions options;
+  if (!trace_prefix.empty())
+    options.trace_capacity =
+        4 * ep_dynamic_bound(make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)));
+  GpuEpMoEGroup fused(c, w, devices, options);
   std::vector<RankInputs> in(world);
   for (std::uint32_t r = 0; r < world; ++r) {
     loom::ScopedDevice on(devices[r]);
@@ -69,7 +75,9 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   auto fused_calls = [&](bool given) {
     std::vector<EpRankCall> calls(world);
     for (std::uint32_t r = 0; r < world; ++r) {
-      calls[r].x = in[r].x.get(), calls[r].tokens = s.tokens_per_rank, calls[r].out = in[r].out.get();
+      calls[r].x = in[r].x.get();
+      calls[r].tokens = s.tokens_per_rank;
+      calls[r].out = in[r].out.get();
       if (given) calls[r].ids = in[r].ids.get(), calls[r].weights = in[r].weights.get();
     }
     return calls;
@@ -99,6 +107,17 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   };
   double const fused_router = time_fused(false);
   double const fused_given = time_fused(true);
+  if (!trace_prefix.empty()) {  // one more given-routing call, traced on every rank
+    for (std::uint32_t r = 0; r < world; ++r) fused.rank(r).executor().take_trace();
+    fused.forward(fused_calls(true));
+    fused.check();
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::string const path = trace_prefix + "." + s.name + ".P" + std::to_string(world) + ".r" +
+                               std::to_string(r) + ".json";
+      loom::write_chrome_trace(path, fused.rank(r).executor().take_trace(), EpPipeline::names,
+                               EpPipeline::size);
+    }
+  }
 
   std::vector<loom::NcclCommunicator> comms = loom::NcclCommunicator::init_all(devices);
   UnfusedEpMoE baseline(c, w, comms);
@@ -128,10 +147,11 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   }
   double const rel = norm > 0 ? std::sqrt(diff / norm) : 0.0;
   double const tokens = double(s.tokens_per_rank) * world;
-  std::printf("%-8s P=%u E=%-4u T/rank=%-6u  fused(router) %8.3f ms  fused(given) %8.3f ms  "
-              "baseline(given) %8.3f ms  speedup %5.2fx  %7.2f MTok/s  rel.diff %.1e\n",
-              s.name, world, c.experts, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
-              base_given * 1e3, base_given / fused_given, tokens / fused_router / 1e6, rel);
+  std::printf(
+      "%-8s P=%u E=%-4u T/rank=%-6u  fused(router) %8.3f ms  fused(given) %8.3f ms  "
+      "baseline(given) %8.3f ms  speedup %5.2fx  %7.2f MTok/s  rel.diff %.1e\n",
+      s.name, world, c.experts, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
+      base_given * 1e3, base_given / fused_given, tokens / fused_router / 1e6, rel);
   std::fflush(stdout);
   if (json) {
     std::fprintf(json,
@@ -149,16 +169,24 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
 int main(int argc, char** argv) {
   int iters = 10;
   std::uint32_t max_world = 4;
-  std::string only, json_path;
+  std::string only, json_path, trace_prefix;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
-    if (a == "--iters" && i + 1 < argc) iters = std::stoi(argv[++i]);
-    else if (a == "--max-world" && i + 1 < argc) max_world = std::stoul(argv[++i]);
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--iters" && i + 1 < argc)
+      iters = std::stoi(argv[++i]);
+    else if (a == "--max-world" && i + 1 < argc)
+      max_world = std::stoul(argv[++i]);
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (a == "--trace" && i + 1 < argc)
+      trace_prefix = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: %s [--iters N] [--max-world P] [--only weak|decode] [--json FILE]\n",
+                   "usage: %s [--iters N] [--max-world P] [--only weak|decode] [--json FILE]\n"
+                   "          [--trace PREFIX]  (one more given-routing call per run, traced:\n"
+                   "                             PREFIX.<scenario>.P<world>.r<rank>.json)\n",
                    argv[0]);
       return a == "--help" ? 0 : 2;
     }
@@ -182,8 +210,9 @@ int main(int argc, char** argv) {
   try {
     for (auto const& s : scenarios) {
       if (!only.empty() && only != s.name) continue;
-      for (std::uint32_t world = 1; world <= std::min<std::uint32_t>(max_world, devices); world *= 2)
-        run(s, world, iters, json, first);
+      for (std::uint32_t world = 1; world <= std::min<std::uint32_t>(max_world, devices);
+           world *= 2)
+        run(s, world, iters, json, first, trace_prefix);
     }
   } catch (loom::Error const& e) {
     std::fprintf(stderr, "%s\n", e.what());
