@@ -23,7 +23,8 @@ LOOM_HD inline RowMeta row_meta_for(EpView const& ep, std::uint32_t token, std::
   std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
   for (std::uint32_t j = 0; j < v.top_k; ++j) {
     if (ids[j] < 0 || ep.rank_of(ids[j]) != d) continue;
-    m.experts[m.count] = static_cast<std::uint16_t>(static_cast<std::uint32_t>(ids[j]) % ep.local_experts);
+    m.experts[m.count] =
+        static_cast<std::uint16_t>(static_cast<std::uint32_t>(ids[j]) % ep.local_experts);
     m.slots[m.count] = static_cast<std::uint8_t>(j);
     ++m.count;
   }
@@ -170,45 +171,83 @@ struct PlanDispatch {
     EpView const* view;
   };
 
-  // One thread.
-  LOOM_HD static void plan(EpView const& ep, TaskContext& ctx) {
+  // Word i of this rank's counts message to d: tokens, chunks, then pairs per local expert of d.
+  LOOM_HD static std::uint32_t message_word(EpView const& ep, std::uint32_t d, std::uint32_t i) {
+    return i == 0   ? ep.send_tokens[d]
+           : i == 1 ? ep.send_chunks[d]
+                    : load_relaxed(ep.local.counts[d * ep.local_experts + i - 2]);
+  }
+
+  // After the messages: this call's counts kept for the caller and lowered, expert e by thread
+  // `lane` of `lanes`.
+  LOOM_HD static void keep_counts(MoEView const& v, std::uint32_t lane, std::uint32_t lanes) {
+    std::uint32_t* const counts = v.counts;
+    std::uint32_t* const kept = v.expert_tokens;
+    for (std::uint32_t e = lane; e < v.experts; e += lanes) {
+      kept[e] = load_relaxed(counts[e]);
+      counts[e] = 0;
+    }
+  }
+
+  // The send counters lowered and the unused combines retired (one thread, after the messages).
+  LOOM_HD static void finish(EpView const& ep, TaskContext& ctx) {
     MoEView const& v = ep.local;
-    SymmetricView const& heap = ctx.heap();
-    std::uint32_t const words = ep.inbox_words();
-    for (std::uint32_t d = 0; d < ep.world && !ep.skip_sends; ++d) {
-      Watchdog dog = ctx.watchdog(WaitSite::signal, d);
-      if (!SymmetricView::wait(&ep.ack[d], ep.last_sent[d], dog)) return;
-      std::uint32_t* inbox = ep.inbox + std::size_t{ep.rank} * words;
-      auto word = [&](std::uint32_t i) {
-        return i == 0   ? ep.send_tokens[d]
-               : i == 1 ? ep.send_chunks[d]
-                        : load_relaxed(v.counts[d * ep.local_experts + i - 2]);
-      };
-#if LOOM_DEVICE_PASS
-      std::uint32_t* remote = heap.peer(d, inbox);
-      for (std::uint32_t i = 0; i < words; ++i) remote[i] = word(i);
-      __threadfence_system();
-#else
-      std::vector<std::uint32_t> message(words);
-      for (std::uint32_t i = 0; i < words; ++i) message[i] = word(i);
-      heap.put_serial(d, inbox, message.data(), words * sizeof(std::uint32_t));
-#endif
-      heap.signal_set(d, &ep.inbox_flag[ep.rank], ctx.epoch());
-      ep.last_sent[d] = ctx.epoch();
-    }
-    for (std::uint32_t e = 0; e < v.experts; ++e) {
-      v.expert_tokens[e] = load_relaxed(v.counts[e]);
-      v.counts[e] = 0;
-    }
     for (std::uint32_t d = 0; d < ep.world; ++d) ep.send_tokens[d] = ep.send_chunks[d] = 0;
     std::uint32_t const active_blocks = (v.call[0] + v.token_block - 1) / v.token_block;
     ctx.retire(v.max_blocks - active_blocks);
   }
 
-  static void host(Payload const& p, TaskContext& ctx) { plan(*p.view, ctx); }
+  static void host(Payload const& p, TaskContext& ctx) {
+    EpView const& ep = *p.view;
+    SymmetricView const& heap = ctx.heap();
+    std::uint32_t const words = ep.inbox_words();
+    for (std::uint32_t d = 0; d < ep.world && !ep.skip_sends; ++d) {
+      Watchdog dog = ctx.watchdog(WaitSite::signal, d);
+      if (!SymmetricView::wait(&ep.ack[d], ep.last_sent[d], dog)) return;
+      std::vector<std::uint32_t> message(words);
+      for (std::uint32_t i = 0; i < words; ++i) message[i] = message_word(ep, d, i);
+      heap.put_serial(d, ep.inbox + std::size_t{ep.rank} * words, message.data(),
+                      words * sizeof(std::uint32_t));
+      heap.signal_set(d, &ep.inbox_flag[ep.rank], ctx.epoch());
+      ep.last_sent[d] = ctx.epoch();
+    }
+    keep_counts(ep.local, 0, 1);
+    finish(ep, ctx);
+  }
+
 #if defined(__CUDACC__)
+  // Thread 0 waits until every peer has consumed the previous message; the block writes the
+  // messages and keeps the counts; thread 0 flags the messages, then finishes.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    if (threadIdx.x == 0) plan(*p.view, ctx);
+    EpView const& ep = *p.view;
+    __shared__ bool sent;
+    std::uint32_t const world = ep.skip_sends ? 0u : ep.world;
+    if (threadIdx.x == 0) {
+      sent = true;
+      for (std::uint32_t d = 0; d < world && sent; ++d) {
+        Watchdog dog = ctx.watchdog(WaitSite::signal, d);
+        sent = SymmetricView::wait(&ep.ack[d], ep.last_sent[d], dog);
+      }
+    }
+    __syncthreads();
+    if (!sent) return;
+    std::uint32_t const words = ep.inbox_words();
+    SymmetricView const& heap = ctx.heap();
+    std::uint32_t* const inbox = ep.inbox + std::size_t{ep.rank} * words;
+    for (std::uint32_t j = threadIdx.x; j < world * words; j += blockDim.x) {
+      std::uint32_t const d = j / words, i = j - d * words;
+      heap.peer(d, inbox)[i] = message_word(ep, d, i);
+    }
+    __threadfence_system();
+    __syncthreads();  // every word is read before the counts are lowered, and fenced
+    keep_counts(ep.local, threadIdx.x, blockDim.x);
+    if (threadIdx.x == 0) {
+      for (std::uint32_t d = 0; d < world; ++d) {
+        heap.signal_set(d, &ep.inbox_flag[ep.rank], ctx.epoch());
+        ep.last_sent[d] = ctx.epoch();
+      }
+      finish(ep, ctx);
+    }
   }
 #endif
 };

@@ -49,6 +49,7 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
   ep.local.down_type = EpPipeline::id<ExpertDownRemote>;
   ep.local.combine_type = EpPipeline::id<CombineTokens>;
   ep.gather_type = EpPipeline::id<GatherArrivals>;
+  ep.combine_batch_type = EpPipeline::id<CombineArrived>;
   return ep;
 }
 

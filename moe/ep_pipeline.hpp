@@ -12,7 +12,7 @@
 namespace loom::moe {
 
 using EpPipeline = Pipeline<RouteDispatch, PlanDispatch, GatherArrivals, ExpertUp, ExpertDownRemote,
-                            CombineTokens>;
+                            CombineTokens, CombineArrived>;
 
 // How the layer is spread: `world` ranks, each with E / world experts and up to
 // config.max_tokens tokens of its own per call.

@@ -1,30 +1,49 @@
 // The receiving side of expert parallelism: the subscriber's decoder turns what peers publish
-// into tasks (one gather per landed chunk; one combine per own token block whose results are all
-// back), and GatherArrivals moves a chunk's rows into the expert pools. Protocol: moe/ep_view.hpp.
+// into tasks (a gather per run of landed chunks; a combine per batch of own token blocks whose
+// results are all back), and GatherArrivals moves a chunk's rows into the expert pools. Protocol:
+// moe/ep_view.hpp.
 #pragma once
+
+#include <cuda/std/bit>
 
 #include "moe/ep_dispatch.hpp"
 #include "moe/expert_tile.hpp"
 
 namespace loom::moe {
 
-// Gather: the rows of one chunk from `source`, each into the pool of every local expert it is
-// routed to; the arrival that completes an M-tile emits its up-projection row (GatherTokens).
+// Gather: the rows of one chunk record from `source`, each into the pool of every local expert it
+// is routed to; the arrival that completes an M-tile emits its up-projection row (GatherTokens).
+// A task given several landed records first emits one gather for each of the others: the
+// subscriber that found them landed publishes one descriptor, and the block emits the rest
+// under one reservation.
 struct GatherArrivals {
   static constexpr char const* name = "ep_gather";
   static constexpr unsigned threads = 128;
   static constexpr unsigned shared_bytes = 0;
   using Payload = ChunkPayload;
 
-  LOOM_HD static std::size_t recv_index(EpView const& ep, Payload const& p, std::uint32_t i) {
-    return std::size_t{p.source} * ep.local.max_tokens + p.first + i;
+  LOOM_HD static ChunkRecord const& record(EpView const& ep, std::uint32_t source,
+                                           std::uint32_t chunk) {
+    return ep.chunks[std::size_t{source} * ep.local.max_blocks + chunk];
+  }
+  // Gather i of the records after the first, as a task of its own.
+  LOOM_HD static Task rest(Payload const& p, std::uint32_t i) {
+    return encode_task(p.view->gather_type, ChunkPayload{p.view, p.source, p.chunk + 1 + i, 1});
+  }
+
+  LOOM_HD static std::size_t recv_index(EpView const& ep, std::uint32_t source, std::uint32_t first,
+                                        std::uint32_t i) {
+    return std::size_t{source} * ep.local.max_tokens + first + i;
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    for (std::uint32_t i = 0; i < p.rows; ++i) {
-      std::size_t const at = recv_index(ep, p, i);
+    if (!ctx.emit_many(p.chunks - 1, [&](std::uint32_t i) { return rest(p, i); })) return;
+    ChunkRecord const& rec = record(ep, p.source, p.chunk);
+    std::uint32_t const first = load_relaxed(rec.first), rows = load_relaxed(rec.rows);
+    for (std::uint32_t i = 0; i < rows; ++i) {
+      std::size_t const at = recv_index(ep, p.source, first, i);
       RowMeta const meta = ep.recv_meta[at];
       for (std::uint32_t c = 0; c < meta.count; ++c) {
         std::uint32_t index;
@@ -45,13 +64,19 @@ struct GatherArrivals {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
+    if (p.chunks > 1 &&
+        !ctx.emit_many_by_block(p.chunks - 1, [&](std::uint32_t i) { return rest(p, i); }))
+      return;
     constexpr std::uint32_t kMaxPairs = kMaxTokenBlock * kMaxTopK;
     __shared__ std::uint32_t row_of[kMaxPairs], index_of[kMaxPairs];
     __shared__ std::uint16_t expert_of[kMaxPairs];
-    std::uint32_t const pairs = p.rows * v.top_k;
+    // A peer wrote the record (read through L2).
+    ChunkRecord const& rec = record(ep, p.source, p.chunk);
+    std::uint32_t const first = __ldcg(&rec.first), rows = __ldcg(&rec.rows);
+    std::uint32_t const pairs = rows * v.top_k;
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       std::uint32_t const r = i / v.top_k, c = i - r * v.top_k;
-      RowMeta const* meta = ep.recv_meta + recv_index(ep, p, r);
+      RowMeta const* meta = ep.recv_meta + recv_index(ep, p.source, first, r);
       std::uint32_t const count = __ldcg(reinterpret_cast<unsigned char const*>(&meta->count));
       if (c >= count) {
         row_of[i] = ~0u;
@@ -65,8 +90,9 @@ struct GatherArrivals {
       ep.row_rank[row_of[i]] = p.source;
     }
     __syncthreads();
-    fan_out_rows(reinterpret_cast<uint4 const*>(ep.recv_rows + recv_index(ep, p, 0) * v.hidden),
-                 reinterpret_cast<uint4*>(v.pool), p.rows, v.hidden / 8, row_of, v.top_k);
+    fan_out_rows(reinterpret_cast<uint4 const*>(ep.recv_rows +
+                                                recv_index(ep, p.source, first, 0) * v.hidden),
+                 reinterpret_cast<uint4*>(v.pool), rows, v.hidden / 8, row_of, v.top_k);
     __syncthreads();
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       if (row_of[i] == ~0u) continue;
@@ -77,16 +103,69 @@ struct GatherArrivals {
 #endif
 };
 
+// Bit n (from 0) among the set bits of `mask`, which has more than n.
+LOOM_HD inline std::uint32_t nth_set_bit(std::uint32_t mask, std::uint32_t n) {
+  for (; n != 0; --n) mask &= mask - 1;
+  return static_cast<std::uint32_t>(cuda::std::countr_zero(mask));
+}
+
+// Payload of a combine batch: token blocks first + i for each bit i of `blocks`, all complete.
+struct CombineBatchPayload {
+  MoEView const* view;
+  std::uint32_t first;
+  std::uint32_t blocks;
+};
+
+// The combines of the complete token blocks the subscriber found together: the task emits one
+// combine (CombineTokens) for each block but the lowest, under one reservation, then combines
+// that one itself.
+struct CombineArrived {
+  static constexpr char const* name = "ep_combine";
+  static constexpr unsigned threads = CombineTokens::threads;
+  static constexpr unsigned shared_bytes = CombineTokens::shared_bytes;
+  using Payload = CombineBatchPayload;
+
+  LOOM_HD static Task rest(Payload const& p, std::uint32_t i) {
+    return encode_task(p.view->combine_type,
+                       BlockPayload{p.view, p.first + nth_set_bit(p.blocks, i + 1)});
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) {
+    if (!ctx.emit_many(static_cast<std::uint32_t>(cuda::std::popcount(p.blocks)) - 1,
+                       [&](std::uint32_t i) { return rest(p, i); }))
+      return;
+    CombineTokens::host(BlockPayload{p.view, p.first + nth_set_bit(p.blocks, 0)}, ctx);
+  }
+#if defined(__CUDACC__)
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    std::uint32_t const more = static_cast<std::uint32_t>(cuda::std::popcount(p.blocks)) - 1;
+    if (more != 0 && !ctx.emit_many_by_block(more, [&](std::uint32_t i) { return rest(p, i); }))
+      return;
+    CombineTokens::device(BlockPayload{p.view, p.first + nth_set_bit(p.blocks, 0)}, ctx);
+  }
+#endif
+};
+
 // The subscriber's decoder. Role 0 (subscriber 0) receives: it waits for every source's counts
 // message, lays out the expert pools (offsets, M-tiles), acknowledges the messages, gives back
-// the unused dynamic bound, and then emits one gather per chunk record as each lands. Role 1
-// (subscriber 1, or subscriber 0 too when it is alone) emits the combine of each own token block
-// whose (row, N-tile) arrivals are all in. A wait on one peer that makes no progress for half the
-// watchdog bound is reported naming that peer.
+// the unused dynamic bound, and then, as chunk records land, emits one gather task per run of
+// landed records of a source. Role 1 (subscriber 1, or subscriber 0 too when it is alone) emits
+// the combines of the own token blocks whose (row, N-tile) arrivals are all in, one task per
+// batch. A wait on one peer that makes no progress for half the watchdog bound is reported
+// naming that peer.
+//
+// One thread decodes, and each of its round trips to memory costs about a microsecond while the
+// GEMMs stream: it reads many words per round trip and publishes one descriptor per batch,
+// whose task emits the rest of the batch with the whole block (GatherArrivals, CombineArrived).
 //
 // State lives in the decoder and is reset when a new launch (epoch) is seen, so the same object
 // serves every launch; each role has its own state (one subscriber each).
 class EpDecoder {
+  // Words read together by the one thread that decodes (see receive, plan and combine).
+  static constexpr std::uint32_t kLandBatch = 32;
+  static constexpr std::uint32_t kPlanBatch = 8;
+  static constexpr std::uint32_t kCombineBatch = 32;
+
  public:
   EpDecoder() = default;
   explicit EpDecoder(EpView const* view) : view_(view) {}
@@ -129,22 +208,43 @@ class EpDecoder {
       return true;
     }
     bool progress = false;
-    for (std::uint32_t s = 0; s < ep.world; ++s) {
-      while (st.next_chunk[s] < st.chunks[s]) {
-        ChunkRecord const* record =
-            ep.chunks + std::size_t{s} * v.max_blocks + st.next_chunk[s];
-        std::uint64_t const seen =
-            load_acquire<std::uint64_t, cuda::thread_scope_system>(record->epoch);
-        if (seen != epoch) {
-          if (!progress) stalled(ctx, s, epoch, seen);
-          break;
+    ChunkRecord const* const records = ep.chunks;
+    std::uint32_t const world = ep.world, max_blocks = v.max_blocks;
+    std::uint16_t const gather = ep.gather_type;
+    for (std::uint32_t s = 0; s < world; ++s) {
+      // The landed prefix of s's records from next_chunk, kLandBatch epochs read together, then
+      // one gather task for all of it (it emits the others, GatherArrivals).
+      ChunkRecord const* const from = records + std::size_t{s} * max_blocks;
+      std::uint32_t const next = st.next_chunk[s], end = st.chunks[s];
+      std::uint32_t landed = next;
+      std::uint64_t blocking = epoch;
+      while (landed < end && blocking == epoch) {
+        std::uint64_t seen[kLandBatch] = {};
+        LOOM_UNROLL
+        for (std::uint32_t i = 0; i < kLandBatch; ++i)
+          if (landed + i < end)
+            seen[i] =
+                load_relaxed<std::uint64_t, cuda::thread_scope_system>(from[landed + i].epoch);
+        std::uint32_t run = 0;
+        LOOM_UNROLL
+        for (std::uint32_t i = 0; i < kLandBatch; ++i) {
+          if (landed + i >= end || run != i) continue;
+          if (seen[i] == epoch)
+            run = i + 1;
+          else
+            blocking = seen[i];
         }
-        ChunkPayload const chunk{&ep, s, load_relaxed<std::uint32_t, cuda::thread_scope_system>(record->first),
-                                 load_relaxed<std::uint32_t, cuda::thread_scope_system>(record->rows)};
-        if (!ctx.emit(encode_task(ep.gather_type, chunk))) return false;
-        ++st.next_chunk[s];
-        progress = true;
+        landed += run;
       }
+      if (landed == next) {
+        if (next < end && !progress) stalled(ctx, s, epoch, blocking);
+        continue;
+      }
+      // The records' words are read by the gathers: acquired here, released to them by the queue.
+      fence_acquire<cuda::thread_scope_system>();
+      if (!ctx.emit(encode_task(gather, ChunkPayload{view_, s, next, landed - next}))) return false;
+      st.next_chunk[s] = landed;
+      progress = true;
     }
     if (progress) st.since = now_ns();
     return progress;
@@ -160,27 +260,43 @@ class EpDecoder {
     return false;
   }
 
-  // The pool layout from every source's counts, then the acknowledgements and the bound.
+  // The pool layout from every source's counts, then the acknowledgements and the bound. View
+  // fields are held in locals (the stores below would make the compiler reload them), and the
+  // counts of kPlanBatch experts are read together.
   LOOM_HD void plan(TaskContext& ctx) {
     EpView const& ep = *view_;
     MoEView const& v = ep.local;
-    std::uint32_t const words = ep.inbox_words();
+    std::uint32_t const words = ep.inbox_words(), world = ep.world, experts = ep.local_experts;
+    std::uint32_t const tile_rows = v.tile_rows;
+    std::uint32_t const* const inbox = ep.inbox;
+    std::uint32_t* const local_tokens = ep.local_tokens;
+    std::uint32_t* const offsets = v.offsets;
+    std::uint32_t* const tile_base = v.tile_base;
+    std::uint32_t* const fill = v.fill;
     std::uint32_t rows = 0, tiles = 0, chunks = 0;
-    for (std::uint32_t e = 0; e < ep.local_experts; ++e) {
-      std::uint32_t c = 0;
-      for (std::uint32_t s = 0; s < ep.world; ++s)
-        c += peer_written(ep.inbox[std::size_t{s} * words + 2 + e]);
-      ep.local_tokens[e] = c;
-      v.offsets[e] = rows;
-      v.tile_base[e] = tiles;
-      v.fill[e] = 0;
-      rows += c;
-      tiles += (c + v.tile_rows - 1) / v.tile_rows;
+    for (std::uint32_t e0 = 0; e0 < experts; e0 += kPlanBatch) {
+      std::uint32_t c[kPlanBatch] = {};
+      for (std::uint32_t s = 0; s < world; ++s) {
+        LOOM_UNROLL
+        for (std::uint32_t i = 0; i < kPlanBatch; ++i)
+          if (e0 + i < experts) c[i] += peer_written(inbox[std::size_t{s} * words + 2 + e0 + i]);
+      }
+      LOOM_UNROLL
+      for (std::uint32_t i = 0; i < kPlanBatch; ++i) {
+        std::uint32_t const e = e0 + i;
+        if (e >= experts) continue;
+        local_tokens[e] = c[i];
+        offsets[e] = rows;
+        tile_base[e] = tiles;
+        fill[e] = 0;
+        rows += c[i];
+        tiles += (c[i] + tile_rows - 1) / tile_rows;
+      }
     }
-    v.offsets[ep.local_experts] = rows;
-    v.tile_base[ep.local_experts] = tiles;
-    for (std::uint32_t s = 0; s < ep.world; ++s) {
-      receive_.chunks[s] = peer_written(ep.inbox[std::size_t{s} * words + 1]);
+    offsets[experts] = rows;
+    tile_base[experts] = tiles;
+    for (std::uint32_t s = 0; s < world; ++s) {
+      receive_.chunks[s] = peer_written(inbox[std::size_t{s} * words + 1]);
       chunks += receive_.chunks[s];
     }
     if (rows > ep.pool_rows) {
@@ -188,37 +304,50 @@ class EpDecoder {
       return;
     }
     // Offsets and fill are published to gathers through the ready queue (release).
-    for (std::uint32_t s = 0; s < ep.world; ++s)
+    for (std::uint32_t s = 0; s < world; ++s)
       ctx.heap().signal_set(s, &ep.ack[ep.rank], ctx.epoch());
-    ctx.retire(ep.world * v.max_blocks - chunks +
+    ctx.retire(world * v.max_blocks - chunks +
                (v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles));
   }
 
-  // Emits the combine of every own token block whose arrivals are complete, and lowers its counter.
+  // Emits the combines of the own token blocks whose arrivals are complete, and lowers their
+  // counters. Counters are read kCombineBatch at a time (independent loads in flight together);
+  // one acquire fence covers a batch with any arrival, and its complete blocks go out as one
+  // CombineArrived task.
   LOOM_HD bool combine(TaskContext& ctx) {
     EpView const& ep = *view_;
     MoEView const& v = ep.local;
-    std::uint32_t const blocks = (v.call[0] + v.token_block - 1) / v.token_block;
+    std::uint32_t* const done_words = ep.block_done;
+    std::uint32_t const* const block_pairs = v.block_pairs;
+    std::uint32_t const tiles = v.down_tiles, token_block = v.token_block;
+    std::uint16_t const type = ep.combine_batch_type;
+    std::uint32_t const blocks = (v.call[0] + token_block - 1) / token_block;
     bool progress = false;
-    // Counters are read eight at a time (independent loads in flight together).
-    constexpr std::uint32_t kBatch = 8;
-    for (std::uint32_t b0 = 0; b0 < blocks; b0 += kBatch) {
-      std::uint32_t done[kBatch];
-      for (std::uint32_t i = 0; i < kBatch; ++i)
-        done[i] = b0 + i < blocks ? load_relaxed<std::uint32_t, cuda::thread_scope_system>(
-                                        ep.block_done[b0 + i])
-                                  : 0u;
-      for (std::uint32_t i = 0; i < kBatch; ++i) {
-        if (done[i] == 0) continue;
-        // A non-zero count means a result for this block came back, which happened after route
-        // wrote block_pairs: after the fence, the read below sees this call's value.
-        fence_acquire<cuda::thread_scope_system>();
-        std::uint32_t const b = b0 + i;
-        if (done[i] != v.block_pairs[b] * v.down_tiles) continue;
-        store_relaxed<std::uint32_t, cuda::thread_scope_system>(ep.block_done[b], 0u);
-        if (!ctx.emit(encode_task(v.combine_type, BlockPayload{&v, b}))) return false;
-        progress = true;
+    for (std::uint32_t b0 = 0; b0 < blocks; b0 += kCombineBatch) {
+      std::uint32_t done[kCombineBatch];
+      bool any = false;
+      LOOM_UNROLL
+      for (std::uint32_t i = 0; i < kCombineBatch; ++i) {
+        done[i] = b0 + i < blocks
+                      ? load_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i])
+                      : 0u;
+        any |= done[i] != 0;
       }
+      if (!any) continue;
+      // A non-zero count means a result for this block came back, which happened after route
+      // wrote block_pairs: after the fence, the reads below see this call's values.
+      fence_acquire<cuda::thread_scope_system>();
+      std::uint32_t complete = 0;
+      LOOM_UNROLL
+      for (std::uint32_t i = 0; i < kCombineBatch; ++i)
+        if (done[i] != 0 && done[i] == block_pairs[b0 + i] * tiles) complete |= 1u << i;
+      if (complete == 0) continue;
+      LOOM_UNROLL
+      for (std::uint32_t i = 0; i < kCombineBatch; ++i)
+        if ((complete >> i) & 1u)
+          store_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i], 0u);
+      if (!ctx.emit(encode_task(type, CombineBatchPayload{&v, b0, complete}))) return false;
+      progress = true;
     }
     return progress;
   }

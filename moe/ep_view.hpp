@@ -69,11 +69,12 @@ struct EpView {
   MoEView local;
 
   std::uint32_t rank, world;
-  std::uint32_t local_experts;  // E_local = E / P
-  std::uint32_t pool_rows;      // capacity of the expert pool
-  std::uint16_t gather_type;    // task type id of GatherArrivals
-  std::uint32_t routed_event;   // fires when every route on this rank is done
-  std::uint32_t skip_sends;     // test hook: 1 = this rank never sends (a peer that never arrives)
+  std::uint32_t local_experts;       // E_local = E / P
+  std::uint32_t pool_rows;           // capacity of the expert pool
+  std::uint16_t gather_type;         // task type id of GatherArrivals
+  std::uint16_t combine_batch_type;  // task type id of CombineArrived
+  std::uint32_t routed_event;        // fires when every route on this rank is done
+  std::uint32_t skip_sends;          // test hook: 1 = this rank never sends (a silent peer)
 
   // Symmetric regions, as pointers into this rank's own window (peers via SymmetricView::peer).
   std::uint32_t* inbox;
@@ -85,11 +86,11 @@ struct EpView {
   std::uint32_t* block_done;  // the same words as local.block_done
 
   // Rank-local.
-  std::uint32_t* send_tokens;    // [P] tokens claimed for each destination this call
-  std::uint32_t* send_chunks;    // [P] chunks claimed for each destination this call
-  std::uint64_t* last_sent;      // [P] epoch of the last counts message sent to each peer
-  std::uint32_t* row_rank;       // [pool_rows] source rank of each pool row
-  std::uint32_t* local_tokens;   // [E_local] pairs each local expert got this call (all sources)
+  std::uint32_t* send_tokens;   // [P] tokens claimed for each destination this call
+  std::uint32_t* send_chunks;   // [P] chunks claimed for each destination this call
+  std::uint64_t* last_sent;     // [P] epoch of the last counts message sent to each peer
+  std::uint32_t* row_rank;      // [pool_rows] source rank of each pool row
+  std::uint32_t* local_tokens;  // [E_local] pairs each local expert got this call (all sources)
 
   LOOM_HD std::uint32_t rank_of(std::int32_t expert) const {
     return static_cast<std::uint32_t>(expert) / local_experts;
@@ -115,12 +116,13 @@ inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
   return r;
 }
 
-// Payload of a gather task: rows [first, first + rows) of the recv area of `source`.
+// Payload of a gather task: chunk records [chunk, chunk + chunks) of `source`, all landed. The
+// task gathers the rows of the first and emits one gather for each of the others.
 struct ChunkPayload {
   EpView const* view;
   std::uint32_t source;
-  std::uint32_t first;
-  std::uint32_t rows;
+  std::uint32_t chunk;
+  std::uint32_t chunks;
 };
 
 }  // namespace loom::moe
