@@ -44,7 +44,7 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
   ep.local_experts = c.experts / placement.world;
   ep.pool_rows = ep_pool_rows(c, placement.world);
   ep.local.max_mtiles = ep.pool_rows / ep.local.tile_rows + ep.local_experts;
-  ep.local.mtile_group = 1;  // rows arrive from the peers over time: each M-tile when it is full
+  ep.local.mtile_group = kMTileGroup;
   ep.local.up_type = EpPipeline::id<ExpertUp>;
   ep.local.down_type = EpPipeline::id<ExpertDownRemote>;
   ep.local.combine_type = EpPipeline::id<CombineTokens>;

@@ -79,7 +79,7 @@ inline constexpr std::uint32_t kRouteWarps = 12;  // warps of a route task's blo
 // A spread route group: 32 tokens (two m16 tiles of logits).
 inline constexpr std::uint32_t kRouteGroupTokens = 32;
 
-// M-tiles per group on one GPU (MoEView::mtile_group): with N-tiles 256 wide, 8 M-tiles of an
+// M-tiles per group (MoEView::mtile_group): with N-tiles 256 wide, 8 M-tiles of an
 // up-projection are 8 x (up columns / 256) tiles, about one wave of processors at ffn = 2048.
 inline constexpr std::uint32_t kMTileGroup = 8;
 
@@ -92,7 +92,8 @@ struct MoEView {
   // An expert's M-tiles in groups of mtile_group: a group's tiles are emitted together when its
   // last row (up) or last up tile (down) is in, N-tile-major, so the group's M-tiles read each
   // weight tile at about the same time (once from HBM, the others from L2). 1: each M-tile as
-  // soon as it is full (the expert-parallel receive, where rows arrive over time).
+  // soon as it is full. Both layers use kMTileGroup; on an expert-parallel rank a group waits
+  // for rows from every peer that sends to it.
   std::uint32_t mtile_group;
   // A layer whose M-tiles are tall also holds a view with short ones (moe/expert_gemms.hpp), the
   // same in every other field: the plan runs a call of at most short_tokens tokens on it (it

@@ -106,10 +106,14 @@ TEST_P(EpCpu, FusedRouterMatchesFloat64ReferenceOnEveryRank) {
 INSTANTIATE_TEST_SUITE_P(Worlds, EpCpu, ::testing::Values(2u, 4u, 8u));
 
 // Caller routings that stress the exchange: all tokens to one rank's experts, one hot expert,
-// a rank with no tokens, -1 entries, and top-k equal to the experts per rank.
+// a rank with no tokens, -1 entries, and top-k equal to the experts per rank. The hot expert
+// gets 1034 rows from four sources: nine 128-row M-tiles, so two M-tile groups, the second of
+// one partial tile.
 TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
   std::uint32_t const world = 4;
-  MoEConfig const c = ep_config(8, 2, 48);  // two experts per rank: top-k = E_local
+  MoEConfig const c = ep_config(8, 2, 260);  // two experts per rank: top-k = E_local
+  ASSERT_EQ(make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).local.tile_rows,
+            128u);
   std::uint64_t const seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(c, seed);
@@ -128,11 +132,21 @@ TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
       for (std::uint32_t t = 0; t < tokens; ++t) {
         std::int32_t a = 0, b = 0;
         switch (pattern) {
-          case 0: a = 2, b = 3; break;                              // all to rank 1's experts
-          case 1: a = 5, b = -1; break;                             // one hot expert
-          case 2: a = t % 3 ? int(rng() % 8) : -1, b = -1; break;   // -1 entries
-          case 3: a = int(rng() % 8), b = (a + 1 + rng() % 7) % 8; break;  // rank 2 idle
-          default: a = int(2 * (t % 4)), b = a + 1; break;          // both slots on one rank
+          case 0:
+            a = 2, b = 3;
+            break;  // all to rank 1's experts
+          case 1:
+            a = 5, b = -1;
+            break;  // one hot expert
+          case 2:
+            a = t % 3 ? int(rng() % 8) : -1, b = -1;
+            break;  // -1 entries
+          case 3:
+            a = int(rng() % 8), b = (a + 1 + rng() % 7) % 8;
+            break;  // rank 2 idle
+          default:
+            a = int(2 * (t % 4)), b = a + 1;
+            break;  // both slots on one rank
         }
         if (a == b) b = -1;
         d.ids[2 * t] = a, d.ids[2 * t + 1] = b;
@@ -143,8 +157,8 @@ TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
     for (std::uint32_t r = 0; r < world; ++r) {
       std::uint32_t const tokens = static_cast<std::uint32_t>(ranks[r].x.size() / c.hidden);
       if (tokens == 0) continue;
-      auto const ref =
-          reference_moe(c, w, ranks[r].x.data(), tokens, ranks[r].ids.data(), ranks[r].weights.data());
+      auto const ref = reference_moe(c, w, ranks[r].x.data(), tokens, ranks[r].ids.data(),
+                                     ranks[r].weights.data());
       EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "pattern " << pattern << " rank " << r;
     }
     if (pattern == 1) {
@@ -205,7 +219,8 @@ TEST(EpCpu, RemoteWritesNeverOverlapAndTokensTravelOncePerRank) {
     std::vector<RankData> ranks(world);
     std::vector<std::uint32_t> expected_rows(world * world, 0);  // [source][destination]
     for (std::uint32_t r = 0; r < world; ++r) {
-      std::uint32_t const tokens = pattern == 2 ? (r == 0 ? c.max_tokens : 0) : 1 + rng() % c.max_tokens;
+      std::uint32_t const tokens =
+          pattern == 2 ? (r == 0 ? c.max_tokens : 0) : 1 + rng() % c.max_tokens;
       RankData& d = ranks[r];
       d.x = random_tokens(c, tokens, seed + r);
       d.out = poisoned(d.x.size());
@@ -216,13 +231,14 @@ TEST(EpCpu, RemoteWritesNeverOverlapAndTokensTravelOncePerRank) {
         std::iota(experts.begin(), experts.end(), 0);
         std::shuffle(experts.begin(), experts.end(), rng);
         if (pattern == 1) experts = {0, 1, 2, 3, 4, 5, 6, 7};  // every token to ranks 0 and 1
-        if (pattern == 3) experts = {7, 6, -1, -1};             // all to the last rank
+        if (pattern == 3) experts = {7, 6, -1, -1};            // all to the last rank
         std::uint32_t mask = 0;
         for (std::uint32_t j = 0; j < c.top_k; ++j) {
           d.ids[t * c.top_k + j] = experts[j];
           if (experts[j] >= 0) mask |= 1u << (experts[j] / 2);
         }
-        for (std::uint32_t dst = 0; dst < world; ++dst) expected_rows[r * world + dst] += (mask >> dst) & 1u;
+        for (std::uint32_t dst = 0; dst < world; ++dst)
+          expected_rows[r * world + dst] += (mask >> dst) & 1u;
       }
     }
     layer.forward(calls_for(ranks, true));
