@@ -122,6 +122,10 @@ LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, 
 // A processor's side of the doorbell protocol (the CPU executor's processor thread, the GPU
 // processor block's thread 0). See report_word in state.hpp for the credit.
 inline constexpr std::uint32_t kRingPolls = 4;
+// A launch's first task counts as following a long one: it prefetches. The phase that opens a
+// launch is often a few waves of equal tasks (the MoE route); without this, each processor's
+// second task waited for its first to end and for the scheduler's round trip after it.
+inline constexpr std::uint64_t kFirstTaskNs = ~std::uint64_t{0} - 1;
 // Trivially constructible, so that a GPU processor block can keep it in shared memory.
 struct ProcessorLink {
   std::uint32_t me;
@@ -142,6 +146,7 @@ struct ProcessorLink {
     link.credits = report_credits(kStartReport);
     link.credit_out = true;
     link.kept = kStopRef;
+    link.last_ns = kFirstTaskNs;
     return link;
   }
 };
@@ -185,7 +190,8 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
     if (ref == kStopRef) doorbell_clear(bell);
   }
   if (s.prefetch_after_ns != kNoPrefetch) link.taken_ns = now_ns();
-  link.credit_due = ref != kStopRef && !link.credit_out && link.last_ns >= s.prefetch_after_ns;
+  link.credit_due = ref != kStopRef && !link.credit_out && s.prefetch_after_ns != kNoPrefetch &&
+                    link.last_ns >= s.prefetch_after_ns;
   return true;
 }
 

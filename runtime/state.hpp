@@ -109,8 +109,9 @@ inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
 // carries n, so the processor needs no store to empty its doorbell). Without prefetch it hands the
 // credit over once its task is done; with prefetch as soon as it takes a task, so the next ring
 // arrives while the task runs. A processor prefetches when its previous task ran at least
-// prefetch_after_ns: long tasks hide the scheduler's round trip, and short ones would only double
-// the reports the scheduler handles. A report without a new credit only brings the count up to
+// prefetch_after_ns (a launch's first task counts as following a long one, kFirstTaskNs): long
+// tasks hide the scheduler's round trip, and short ones would only double the reports the
+// scheduler handles. A report without a new credit only brings the count up to
 // date.
 //
 // A launch starts with every processor's first credit already handed over: each word reads

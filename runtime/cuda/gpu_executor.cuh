@@ -49,6 +49,9 @@ class GpuExecutor {
         state_(std::move(graph), state_options(options, shape_, heap)) {}
 
   GpuLaunchShape const& shape() const { return shape_; }
+  // The shape an executor of this pipeline takes with `options` on the current device, before
+  // one is built (a graph may want the processor count).
+  static GpuLaunchShape launch_shape(GpuOptions const& options = {}) { return plan(options); }
   std::uint32_t processors() const { return shape_.grid - 1; }
 
   // Enqueues one launch on `stream`; no host synchronisation.

@@ -2,7 +2,9 @@
 // tasks, repeated launches without any reset, the two scheduling policies, and termination of
 // degenerate graphs.
 #include <algorithm>
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "tests/cpu/test_graphs.hpp"
 
@@ -61,8 +63,9 @@ TEST_F(Executor, RandomDagRunsEachTaskOnceAfterItsPredecessors) {
 }
 
 // Processors asking for their next task as they start one (prefetch: always, never, or after a
-// task of at least 2 µs, the default): the same order and exactly-once execution, with reports that carry a credit or only a
-// count, on a DAG and on a wide fan-out where the idle processors must get the work.
+// task of at least 2 µs, the default): the same order and exactly-once execution, with reports that
+// carry a credit or only a count, on a DAG and on a wide fan-out where the idle processors must get
+// the work.
 TEST_F(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
   Recorder r(10'000);
   Shape const dag = random_dag_shape(r, 10'000, 64, rng, /*priorities=*/true);
@@ -74,6 +77,59 @@ TEST_F(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
     o.prefetch_after_ns = after;
     run_and_check(dag, r, o, 2);
     run_and_check(fan, f, o, 2);
+  }
+}
+
+// Two waves of equal tasks on P processors with prefetch after 1 ms: the first P tasks wait for
+// one another to start, then end one by one (20 ms apart); the other P take 200 ms. A launch's
+// first task prefetches (kFirstTaskNs), so every processor has its second task queued while it
+// runs its first, and each runs two. When the first task did not prefetch, the processor that
+// ended its first task first took a second and, as it started it, handed over a prefetch credit
+// that was served before the others ended theirs: 3, 3, 1 and 1 tasks.
+struct Wave {
+  static constexpr char const* name = "wave";
+  static constexpr unsigned threads = 64;
+  static constexpr unsigned shared_bytes = 0;
+  struct Run {
+    std::uint32_t processors = 0;
+    std::atomic<std::uint32_t> started{0};
+    std::atomic<std::uint32_t> ran[8] = {};
+    std::atomic<bool> timed_out{false};
+  };
+  struct Payload {
+    Run* run;
+  };
+  static void host(Payload const& p, TaskContext& ctx) {
+    Run& run = *p.run;
+    std::uint32_t const order = run.started.fetch_add(1);
+    run.ran[ctx.actor_index() % 8].fetch_add(1);
+    using namespace std::chrono;
+    if (order >= run.processors) return std::this_thread::sleep_for(milliseconds(200));
+    auto const give_up = steady_clock::now() + seconds(20);
+    while (run.started.load() < run.processors)
+      if (steady_clock::now() > give_up) return run.timed_out.store(true);
+    std::this_thread::sleep_for(milliseconds(20) * (order + 1));
+  }
+};
+using WavePipeline = Pipeline<Wave>;
+
+TEST_F(Executor, TwoWavesOfEqualTasksGiveEveryProcessorTwo) {
+  constexpr std::uint32_t processors = 4;
+  Wave::Run run;
+  run.processors = processors;
+  GraphBuilder b;
+  for (std::uint32_t i = 0; i < 2 * processors; ++i)
+    b.add_task(WavePipeline::make<Wave>(Wave::Payload{&run}));
+  CpuOptions o = options_with(processors);
+  o.prefetch_after_ns = 1'000'000;
+  CpuExecutor<WavePipeline> ex(one_rank(b.build()), o);
+  for (int launch = 0; launch < 2; ++launch) {
+    run.started = 0;
+    for (auto& n : run.ran) n = 0;
+    ex.run(SchedulingPolicy::fifo);
+    ASSERT_FALSE(run.timed_out.load()) << "the first wave never started together";
+    for (std::uint32_t p = 0; p < processors; ++p)
+      EXPECT_EQ(run.ran[p].load(), 2u) << "processor " << p << ", launch " << launch;
   }
 }
 
