@@ -111,8 +111,7 @@ inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
 // arrives while the task runs. A processor prefetches when its previous task ran at least
 // prefetch_after_ns (a launch's first task counts as following a long one, kFirstTaskNs): long
 // tasks hide the scheduler's round trip, and short ones would only double the reports the
-// scheduler handles. A report without a new credit only brings the count up to
-// date.
+// scheduler handles. A report without a new credit only brings the count up to date.
 //
 // A launch starts with every processor's first credit already handed over: each word reads
 // kStartReport (one credit, nothing completed), the scheduler starts holding credit 1 of every
