@@ -65,15 +65,6 @@ LOOM_HD inline typename Gemm::Payload gemm_tile(TilePayload const& p,
   return g;
 }
 
-// The GEMM operands of an M-tile. On a layer with tall M-tiles, an expert's last M-tile that
-// holds no more rows than a short one runs on the short view's operands (the same buffers, half
-// the tile height): its rows cost half the tensor-core work and no more weight reads. Everything
-// else about the tile (its M-tile index, its group, its arrivals) stays with the main view.
-LOOM_HD inline MoEView const& gemm_view(TilePayload const& p) {
-  MoEView const& v = *p.view;
-  return v.short_view && p.rows <= v.short_rows ? *v.short_view : v;
-}
-
 struct ExpertUp {
   static constexpr char const* name = "moe_up";
   static constexpr unsigned threads = UpGemm::threads;
@@ -84,34 +75,40 @@ struct ExpertUp {
     return UpGemm::describe_failure(code, a, b);
   }
 
-  // The last up tile of an M-tile group to finish: resets the group's counter and returns it.
-  LOOM_HD static bool completes_group(Payload const& p, MTileGroup& g) {
+  // The last up tile of an M-tile group to finish: resets the group's counter and returns the
+  // group's first local M-tile. The counter and the count come from the payload, so the other
+  // tiles make one round trip to memory here.
+  LOOM_HD static bool completes_group(Payload const& p, std::uint32_t& first) {
     MoEView const& v = *p.view;
-    g = mtile_group_of(v, p.expert, p.mtile - v.tile_base[p.expert]);
-    if (fetch_add_acq_rel(v.up_done[g.slot], 1u) + 1 != g.mtiles * v.up_tiles) return false;
-    store_relaxed(v.up_done[g.slot], 0u);
+    std::uint32_t const slot = p.mtile - p.group_m;
+    if (fetch_add_acq_rel(v.up_done[slot], 1u) + 1 != std::uint32_t{p.group_mtiles} * v.up_tiles)
+      return false;
+    store_relaxed(v.up_done[slot], 0u);
+    first = slot - v.tile_base[p.expert];
     return true;
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
-    UpGemm::host(gemm_tile<UpGemm>(p, gemm_view(p).up_ops, 0), ctx);
-    MTileGroup g;
-    if (completes_group(p, g))
-      emit_group_tiles(ctx, p.view->down_type, *p.view, g, p.view->down_tiles);
+    UpGemm::host(gemm_tile<UpGemm>(p, p.ops, 0), ctx);
+    std::uint32_t first;
+    if (completes_group(p, first))
+      emit_group_tiles(ctx, p.view->down_type, *p.view, down_tile_ops(*p.view),
+                       mtile_group_of(*p.view, p.expert, first), p.view->down_tiles);
   }
 #if defined(__CUDACC__)
   // Thread 0 arrives for the tile; the group it completes goes out from the whole block.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    UpGemm::device(gemm_tile<UpGemm>(p, gemm_view(p).up_ops, 0), ctx);
+    UpGemm::device(gemm_tile<UpGemm>(p, p.ops, 0), ctx);
     __shared__ std::uint32_t done, start;
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
-      MTileGroup g;
-      done = completes_group(p, g) ? g.expert << 16 | g.first : kNoGroup;
+      std::uint32_t first;
+      done = completes_group(p, first) ? std::uint32_t{p.expert} << 16 | first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block(ctx, p.view->down_type, *p.view, p.view->down_tiles, &done, &start, 1);
+    emit_groups_by_block(ctx, p.view->down_type, *p.view, down_tile_ops(*p.view),
+                         p.view->down_tiles, &done, &start, 1);
   }
 #endif
 };
@@ -144,7 +141,7 @@ struct ExpertDown {
 
   static void host(Payload const& p, TaskContext& ctx) {
     auto const tag = reinterpret_cast<std::uint64_t>(p.view);
-    DownGemm::host(gemm_tile<DownGemm>(p, gemm_view(p).down_ops, tag), ctx);
+    DownGemm::host(gemm_tile<DownGemm>(p, p.ops, tag), ctx);
     finish(p, ctx);
   }
 #if defined(__CUDACC__)
@@ -153,13 +150,17 @@ struct ExpertDown {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     auto const tag = reinterpret_cast<std::uint64_t>(p.view);
-    DownGemm::device(gemm_tile<DownGemm>(p, gemm_view(p).down_ops, tag), ctx);
+    DownGemm::device(gemm_tile<DownGemm>(p, p.ops, tag), ctx);
     __syncthreads();
     if (threadIdx.x < p.rows) {
+      // The fence releases the block's rows; the block's pair count and the arrival then go
+      // out together (an acq_rel arrival would wait for the count's load first), and the last
+      // arriver acquires the others' rows with its own fence.
       __threadfence();
       std::uint32_t const block = v.row_source[p.row0 + threadIdx.x] / v.top_k / v.token_block;
       std::uint32_t const want = v.block_pairs[block] * v.down_tiles;
-      if (fetch_add_acq_rel(v.block_done[block], 1u) + 1 == want) {
+      if (fetch_add_relaxed(v.block_done[block], 1u) + 1 == want) {
+        __threadfence();
         store_relaxed(v.block_done[block], 0u);
         ctx.emit(encode_task(v.combine_type, BlockPayload{&v, block}));
       }

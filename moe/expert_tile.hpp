@@ -15,7 +15,31 @@ struct TilePayload {
   std::uint16_t rows;   // valid rows, 1 .. tile_rows
   std::uint16_t expert;
   std::uint16_t ntile;
+  // The tile's M-tile group (MTileGroup): this M-tile's place in it and its M-tile count, so
+  // that the group's counter (at mtile - group_m) is found without reading the plan's tables.
+  std::uint16_t group_m, group_mtiles;
+  // The GEMM operands the tile runs on (TileOps::of), chosen when it is emitted, so that the
+  // tile's start does not wait for a read of the view.
+  tasks::gemm::GemmOperands const* ops;
 };
+
+// The GEMM operands of one projection's tiles: the view's, and on a layer with a short view
+// (MoEView::short_view) the short view's for an expert's last M-tile of at most short_rows rows:
+// the same rows of the same buffers, half the tile height, so half the tensor-core work.
+struct TileOps {
+  tasks::gemm::GemmOperands const* tall;
+  tasks::gemm::GemmOperands const* short_ops;  // null: one height
+  std::uint32_t short_rows;
+  LOOM_HD tasks::gemm::GemmOperands const* of(std::uint32_t rows) const {
+    return short_ops && rows <= short_rows ? short_ops : tall;
+  }
+};
+LOOM_HD inline TileOps up_tile_ops(MoEView const& v) {
+  return {v.up_ops, v.short_view ? v.short_view->up_ops : nullptr, v.short_rows};
+}
+LOOM_HD inline TileOps down_tile_ops(MoEView const& v) {
+  return {v.down_ops, v.short_view ? v.short_view->down_ops : nullptr, v.short_rows};
+}
 
 // A group of an expert's M-tiles (MoEView::mtile_group): its first M-tile, how many, and the
 // rows they hold. `slot` (the group's first global M-tile) indexes its arrival counters.
@@ -32,22 +56,31 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
 }
 
 // Task i of `type` over a group's tiles, one per (N-tile, M-tile) in N-tile-major order: the
-// group's M-tiles of one N-tile go out next to each other.
-LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, MTileGroup const& g,
-                               std::uint32_t i) {
-  std::uint32_t const n = i / g.mtiles, m = i - n * g.mtiles;
-  std::uint32_t const left = g.rows - m * v.tile_rows;
+// group's M-tiles of one N-tile go out next to each other. The group is given by its expert, its
+// first pool row and first global M-tile, and its rows.
+LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const* v, TileOps const& ops,
+                               std::uint32_t expert, std::uint32_t row0, std::uint32_t tile0,
+                               std::uint32_t rows, std::uint32_t tile_rows, std::uint32_t i) {
+  std::uint32_t const mtiles = (rows + tile_rows - 1) / tile_rows;
+  std::uint32_t const n = i / mtiles, m = i - n * mtiles;
+  std::uint32_t const left = rows - m * tile_rows, tile = left < tile_rows ? left : tile_rows;
   return encode_task(
-      type, TilePayload{&v, v.offsets[g.expert] + (g.first + m) * v.tile_rows,
-                        v.tile_base[g.expert] + g.first + m,
-                        static_cast<std::uint16_t>(left < v.tile_rows ? left : v.tile_rows),
-                        static_cast<std::uint16_t>(g.expert), static_cast<std::uint16_t>(n)});
+      type,
+      TilePayload{v, row0 + m * tile_rows, tile0 + m, static_cast<std::uint16_t>(tile),
+                  static_cast<std::uint16_t>(expert), static_cast<std::uint16_t>(n),
+                  static_cast<std::uint16_t>(m), static_cast<std::uint16_t>(mtiles), ops.of(tile)});
 }
-// Emits the group's tiles of `type` (one thread).
+LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, TileOps const& ops,
+                               MTileGroup const& g, std::uint32_t i) {
+  return group_tile(type, &v, ops, g.expert, v.offsets[g.expert] + g.first * v.tile_rows, g.slot,
+                    g.rows, v.tile_rows, i);
+}
+// Emits the group's tiles of `type`, on `ops` (one thread).
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                     MTileGroup const& g, std::uint32_t ntiles) {
+                                     TileOps const& ops, MTileGroup const& g,
+                                     std::uint32_t ntiles) {
   return ctx.emit_many(g.mtiles * ntiles,
-                       [&](std::uint32_t i) { return group_tile(type, v, g, i); });
+                       [&](std::uint32_t i) { return group_tile(type, v, ops, g, i); });
 }
 
 #if defined(__CUDACC__)
@@ -55,11 +88,12 @@ LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEVi
 // reservation (TaskContext::emit_many_by_block). done[i] for i < n is a completed group's
 // (expert << 16 | first local M-tile), or kNoGroup; warp 0 compacts the list in place into
 // done[] and starts[] (the group's first task among all of them), which may alias no other
-// words the block still reads.
+// words the block still reads. The tiles run on `ops`.
 inline constexpr std::uint32_t kNoGroup = ~0u;
 __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                            std::uint32_t ntiles, std::uint32_t* done,
-                                            std::uint32_t* starts, std::uint32_t n) {
+                                            TileOps const& ops, std::uint32_t ntiles,
+                                            std::uint32_t* done, std::uint32_t* starts,
+                                            std::uint32_t n) {
   __shared__ std::uint32_t groups, tasks;
   if (threadIdx.x < 32) {
     std::uint32_t const lane = threadIdx.x;
@@ -96,7 +130,7 @@ __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type
       else
         hi = mid;
     }
-    return group_tile(type, v, mtile_group_of(v, done[lo] >> 16, done[lo] & 0xffffu),
+    return group_tile(type, v, ops, mtile_group_of(v, done[lo] >> 16, done[lo] & 0xffffu),
                       k - starts[lo]);
   });
 }
@@ -130,7 +164,8 @@ struct GatherTokens {
   LOOM_HD static void arrive(MoEView const& v, std::int32_t e, std::uint32_t index,
                              TaskContext& ctx) {
     MTileGroup g;
-    if (arrive_on_group(v, e, index, g)) emit_group_tiles(ctx, v.up_type, v, g, v.up_tiles);
+    if (arrive_on_group(v, e, index, g))
+      emit_group_tiles(ctx, v.up_type, v, up_tile_ops(v), g, v.up_tiles);
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
@@ -185,7 +220,7 @@ struct GatherTokens {
       row_of[i] = arrive_on_group(v, e, index_of[i], g) ? g.expert << 16 | g.first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block(ctx, v.up_type, v, v.up_tiles, row_of, index_of, pairs);
+    emit_groups_by_block(ctx, v.up_type, v, up_tile_ops(v), v.up_tiles, row_of, index_of, pairs);
   }
 #endif
 };

@@ -702,7 +702,13 @@ struct PlanExperts {
     __syncthreads();
     std::uint32_t const active = active_blocks(v);
     if (threadIdx.x == 0) retire_unused(v, tiles, active, ctx);
-    ctx.emit_many_by_block(active, [&](std::uint32_t b) { return gather(v, b); });
+    // The type and the view in registers: read through v, each descriptor would wait for a
+    // reload after the previous one's stores.
+    std::uint16_t const type = v.gather_type;
+    MoEView const* const view = &v;
+    ctx.emit_many_by_block(active, [&](std::uint32_t b) {
+      return encode_task(type, BlockPayload{view, b});
+    });
   }
 #endif
 };

@@ -207,6 +207,7 @@ TEST(CpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
 
 // The rule: on a layer with tall M-tiles, a tile of at most short_rows rows takes the short view's
 // GEMM operands, any other tile its own view's; the short view has no short view of its own.
+// The emitted tile carries its operands and its place in its M-tile group.
 TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   MoEConfig c = small_config(Activation::swiglu, 4, 2);
   c.max_tokens = 1100;
@@ -215,15 +216,35 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   ASSERT_EQ(shapes.main.tile_rows, 128u);
   EXPECT_EQ(shapes.main.short_rows, 64u);
   EXPECT_EQ(shapes.short_tiles.short_rows, 0u);
+  loom::tasks::gemm::GemmOperands up_tall, up_short, down_tall, down_short;
+  shapes.main.up_ops = &up_tall;
+  shapes.main.down_ops = &down_tall;
+  shapes.short_tiles.up_ops = &up_short;
+  shapes.short_tiles.down_ops = &down_short;
   shapes.main.short_view = &shapes.short_tiles;
-  auto const view_for = [](MoEView const& v, std::uint16_t rows) {
-    return &gemm_view(TilePayload{&v, 0, 0, rows, 0, 0});
-  };
-  EXPECT_EQ(view_for(shapes.main, 1), &shapes.short_tiles);
-  EXPECT_EQ(view_for(shapes.main, 64), &shapes.short_tiles);
-  EXPECT_EQ(view_for(shapes.main, 65), &shapes.main);
-  EXPECT_EQ(view_for(shapes.main, 128), &shapes.main);
-  EXPECT_EQ(view_for(shapes.short_tiles, 64), &shapes.short_tiles);
+  TileOps const up = up_tile_ops(shapes.main), down = down_tile_ops(shapes.main);
+  EXPECT_EQ(up.of(1), &up_short);
+  EXPECT_EQ(up.of(64), &up_short);
+  EXPECT_EQ(up.of(65), &up_tall);
+  EXPECT_EQ(up.of(128), &up_tall);
+  EXPECT_EQ(down.of(64), &down_short);
+  EXPECT_EQ(down.of(65), &down_tall);
+  EXPECT_EQ(up_tile_ops(shapes.short_tiles).of(64), &up_short);
+  // A group of 175 rows from pool row 300 and global M-tile 7: task 3 is N-tile 1 of its second
+  // M-tile, which holds the last 47 rows.
+  loom::Task const task = group_tile(5, &shapes.main, up, 2, 300, 7, 175, 128, 3);
+  TilePayload p;
+  std::memcpy(&p, task.payload, sizeof p);
+  EXPECT_EQ(task.header.type, 5u);
+  EXPECT_EQ(p.view, &shapes.main);
+  EXPECT_EQ(p.row0, 428u);
+  EXPECT_EQ(p.mtile, 8u);
+  EXPECT_EQ(p.rows, 47u);
+  EXPECT_EQ(p.expert, 2u);
+  EXPECT_EQ(p.ntile, 1u);
+  EXPECT_EQ(p.group_m, 1u);
+  EXPECT_EQ(p.group_mtiles, 2u);
+  EXPECT_EQ(p.ops, &up_short);
   MoEConfig small = small_config(Activation::swiglu, 4, 2);
   small.max_tokens = 40;  // 64-row tiles: no short view
   LayerShapes const one = make_layer_shapes(small, loom::tasks::gemm::MmaPath::wgmma);
