@@ -107,8 +107,8 @@ struct ExpertUp {
       done = completes_group(p, first) ? std::uint32_t{p.expert} << 16 | first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block(ctx, p.view->down_type, *p.view, down_tile_ops(*p.view),
-                         p.view->down_tiles, &done, &start, 1);
+    emit_groups_by_block<down_tile_ops>(ctx, p.view->down_type, *p.view, p.view->down_tiles, &done,
+                                        &start, 1);
   }
 #endif
 };

@@ -56,24 +56,17 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
 }
 
 // Task i of `type` over a group's tiles, one per (N-tile, M-tile) in N-tile-major order: the
-// group's M-tiles of one N-tile go out next to each other. The group is given by its expert, its
-// first pool row and first global M-tile, and its rows.
-LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const* v, TileOps const& ops,
-                               std::uint32_t expert, std::uint32_t row0, std::uint32_t tile0,
-                               std::uint32_t rows, std::uint32_t tile_rows, std::uint32_t i) {
-  std::uint32_t const mtiles = (rows + tile_rows - 1) / tile_rows;
-  std::uint32_t const n = i / mtiles, m = i - n * mtiles;
-  std::uint32_t const left = rows - m * tile_rows, tile = left < tile_rows ? left : tile_rows;
-  return encode_task(
-      type,
-      TilePayload{v, row0 + m * tile_rows, tile0 + m, static_cast<std::uint16_t>(tile),
-                  static_cast<std::uint16_t>(expert), static_cast<std::uint16_t>(n),
-                  static_cast<std::uint16_t>(m), static_cast<std::uint16_t>(mtiles), ops.of(tile)});
-}
+// group's M-tiles of one N-tile go out next to each other.
 LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, TileOps const& ops,
                                MTileGroup const& g, std::uint32_t i) {
-  return group_tile(type, &v, ops, g.expert, v.offsets[g.expert] + g.first * v.tile_rows, g.slot,
-                    g.rows, v.tile_rows, i);
+  std::uint32_t const n = i / g.mtiles, m = i - n * g.mtiles;
+  std::uint32_t const left = g.rows - m * v.tile_rows;
+  std::uint32_t const rows = left < v.tile_rows ? left : v.tile_rows;
+  return encode_task(
+      type, TilePayload{&v, v.offsets[g.expert] + (g.first + m) * v.tile_rows, g.slot + m,
+                        static_cast<std::uint16_t>(rows), static_cast<std::uint16_t>(g.expert),
+                        static_cast<std::uint16_t>(n), static_cast<std::uint16_t>(m),
+                        static_cast<std::uint16_t>(g.mtiles), ops.of(rows)});
 }
 // Emits the group's tiles of `type`, on `ops` (one thread).
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
@@ -88,12 +81,13 @@ LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEVi
 // reservation (TaskContext::emit_many_by_block). done[i] for i < n is a completed group's
 // (expert << 16 | first local M-tile), or kNoGroup; warp 0 compacts the list in place into
 // done[] and starts[] (the group's first task among all of them), which may alias no other
-// words the block still reads. The tiles run on `ops`.
+// words the block still reads. The tiles run on OpsOf(v) (up_tile_ops or down_tile_ops), read
+// only when some group completed: most calls emit nothing.
 inline constexpr std::uint32_t kNoGroup = ~0u;
+template <TileOps (*OpsOf)(MoEView const&)>
 __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                            TileOps const& ops, std::uint32_t ntiles,
-                                            std::uint32_t* done, std::uint32_t* starts,
-                                            std::uint32_t n) {
+                                            std::uint32_t ntiles, std::uint32_t* done,
+                                            std::uint32_t* starts, std::uint32_t n) {
   __shared__ std::uint32_t groups, tasks;
   if (threadIdx.x < 32) {
     std::uint32_t const lane = threadIdx.x;
@@ -120,7 +114,9 @@ __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type
     if (lane == 0) groups = count, tasks = total;
   }
   __syncthreads();
+  if (tasks == 0) return;  // the same word in every thread
   std::uint32_t const count = groups;
+  TileOps const ops = OpsOf(v);
   ctx.emit_many_by_block(tasks, [&](std::uint32_t k) {
     std::uint32_t lo = 0, hi = count;  // the last group starting at or before k
     while (hi - lo > 1) {
@@ -220,7 +216,7 @@ struct GatherTokens {
       row_of[i] = arrive_on_group(v, e, index_of[i], g) ? g.expert << 16 | g.first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block(ctx, v.up_type, v, up_tile_ops(v), v.up_tiles, row_of, index_of, pairs);
+    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tiles, row_of, index_of, pairs);
   }
 #endif
 };

@@ -646,7 +646,7 @@ struct PlanExperts {
     v.tile_base[v.experts] = tiles;
     std::uint32_t const active = active_blocks(v);
     retire_unused(v, tiles, active, ctx);
-    ctx.emit_many(active, [&](std::uint32_t b) { return gather(v, b); });
+    ctx.emit_many(active, [&](std::uint32_t b) { return gather(v.gather_type, &v, b); });
   }
 
   LOOM_HD static std::uint32_t active_blocks(MoEView const& v) {
@@ -658,8 +658,8 @@ struct PlanExperts {
                                     TaskContext& ctx) {
     ctx.retire((v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles) + 2 * (v.max_blocks - active));
   }
-  LOOM_HD static Task gather(MoEView const& v, std::uint32_t block) {
-    return encode_task(v.gather_type, BlockPayload{&v, block});
+  LOOM_HD static Task gather(std::uint16_t type, MoEView const* v, std::uint32_t block) {
+    return encode_task(type, BlockPayload{v, block});
   }
 
   static void host(Payload const& p, TaskContext& ctx) { plan(*p.view, ctx); }
@@ -706,9 +706,7 @@ struct PlanExperts {
     // reload after the previous one's stores.
     std::uint16_t const type = v.gather_type;
     MoEView const* const view = &v;
-    ctx.emit_many_by_block(active, [&](std::uint32_t b) {
-      return encode_task(type, BlockPayload{view, b});
-    });
+    ctx.emit_many_by_block(active, [&](std::uint32_t b) { return gather(type, view, b); });
   }
 #endif
 };

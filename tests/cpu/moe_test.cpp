@@ -230,9 +230,11 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   EXPECT_EQ(down.of(64), &down_short);
   EXPECT_EQ(down.of(65), &down_tall);
   EXPECT_EQ(up_tile_ops(shapes.short_tiles).of(64), &up_short);
-  // A group of 175 rows from pool row 300 and global M-tile 7: task 3 is N-tile 1 of its second
-  // M-tile, which holds the last 47 rows.
-  loom::Task const task = group_tile(5, &shapes.main, up, 2, 300, 7, 175, 128, 3);
+  // A group of 175 rows of expert 2, whose pool rows start at 300, from global M-tile 7: task 3
+  // is N-tile 1 of its second M-tile, which holds the last 47 rows.
+  std::uint32_t offsets[] = {0, 120, 300, 475};
+  shapes.main.offsets = offsets;
+  loom::Task const task = group_tile(5, shapes.main, up, MTileGroup{2, 0, 2, 175, 7}, 3);
   TilePayload p;
   std::memcpy(&p, task.payload, sizeof p);
   EXPECT_EQ(task.header.type, 5u);
