@@ -154,6 +154,8 @@ void BM_GemmVsCublas(benchmark::State& state) {
     model.max_block_n = static_cast<std::uint32_t>(std::atoi(max_n));
   g::GemmConfig cfg = g::choose_gemm_config(shape, model);
   cfg.overlap = static_cast<std::uint8_t>(state.range(3));
+  if (char const* st = std::getenv("LOOM_GEMM_STAGES"))  // pipeline depth, 2..the heuristic's
+    cfg.stages = static_cast<std::uint8_t>(std::clamp(std::atoi(st), 2, int(cfg.stages)));
   // Tiles strung into one chain per processor (local dispatch), or independent tasks.
   std::uint32_t const chains = state.range(4) ? model.processors : 0;
 
