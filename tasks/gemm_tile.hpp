@@ -6,12 +6,13 @@
 // their results are dropped) and never written. A task of GemmTileTask<Sink, true> (GemmRunTile)
 // may compute a run of `count` consecutive N-tiles over the same rows: on the wgmma path the next
 // tile's loads then overlap the current tile's epilogue and delivery
-// (tasks/gemm/device/mainloop_wgmma.cuh). Single-tile task types (kRuns = false) compile none of
-// that: their tile costs less where runs do not pay (docs/gemm.md). The operands, the tile
-// configuration and the epilogue (bf16/fp32 output, bias, row scale, none/relu/gelu/swiglu) are
-// shared by all tiles of one GEMM in a device-memory GemmOperands (tasks/gemm/operands.hpp) that
-// the payload points to. Build operands with tasks/gemm/device_gemm.hpp (GPU) or make_operands (CPU
-// executor).
+// (tasks/gemm/device/mainloop_wgmma.cuh), and with LocalTileSink whole bf16 tiles leave by TMA
+// stores that complete while the next tile computes (store_tile_boxes, device/epilogue.cuh).
+// Single-tile task types (kRuns = false) compile none of that: their tile costs less where runs do
+// not pay (docs/gemm.md). The operands, the tile configuration and the epilogue (bf16/fp32 output,
+// bias, row scale, none/relu/gelu/swiglu) are shared by all tiles of one GEMM in a device-memory
+// GemmOperands (tasks/gemm/operands.hpp) that the payload points to. Build operands with
+// tasks/gemm/device_gemm.hpp (GPU) or make_operands (CPU executor).
 //
 // Device: 384 threads. On the wgmma path warps 0..7 are two consumer warpgroups (wgmma
 // m64nWNk16, accumulators in registers) and lane 0 of warp 8 (warpgroup 2) is the TMA producer
@@ -29,6 +30,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/context.hpp"
@@ -62,9 +64,15 @@ template <class Sink = gemm::LocalTileSink, bool kRuns = false>
 struct GemmTileTask {
   static constexpr char const* name = "gemm_tile";
   static constexpr unsigned threads = gemm::kThreads;
+  // A run task that stores into C (LocalTileSink) stores whole bf16 tiles with TMA from buffers
+  // after the stages (gemm::kRunAreaBytes): the consumers go on with the next tile while the
+  // stores complete, and the stages keep the next tile's K blocks. Other sinks deliver a staged
+  // tile (sink.hpp).
+  static constexpr bool kStoreBoxes = kRuns && std::is_same_v<Sink, gemm::LocalTileSink>;
   // Control words (mbarriers, a broadcast flag), alignment slack to 1024 bytes, then the stages.
   static constexpr unsigned kControlBytes = 256;
-  static constexpr unsigned shared_bytes = kControlBytes + 1024 + gemm::kStageAreaBytes;
+  static constexpr unsigned shared_bytes =
+      kControlBytes + 1024 + (kStoreBoxes ? gemm::kRunAreaBytes : gemm::kStageAreaBytes);
 
   struct Payload {
     gemm::GemmOperands const* ops;
@@ -344,6 +352,11 @@ struct GemmTileTask {
       if constexpr (kReconfigure) ptx::setmaxnreg_inc<kConsumerRegs>();
       float acc[WN / 2];
       std::uint32_t stage = 0, phase = 0;
+      // Whole tiles by TMA (kStoreBoxes): every tile of a run has the same rows.
+      bool const boxes = kStoreBoxes && wgmma && store_boxes<WN>(op, job);
+      std::uint32_t boxes_stored = 0;
+      std::uint32_t const buffers = ptx::smem_address(sm.stages) + cfg.stages * cfg.stage_bytes() +
+                                    (thread / 128u) * 2u * gemm::kStoreBoxBytes;
       if constexpr (!kRuns) {
         if (wgmma)
           impl::consume_tiles<WN>(acc, op, job, sm, ctx, warp, active, stage, phase);
@@ -357,6 +370,14 @@ struct GemmTileTask {
           impl::consume_tiles<WN>(acc, op, tile, sm, ctx, warp, active, stage, phase);
         else
           impl::mma_sync_mainloop<WN, true>(acc, op, tile, sm.stages, wt, active);
+        if (boxes) {
+          // Nothing of this tile goes to the stages: the producer may fill them at once.
+          __syncwarp();
+          if (thread % 32u == 0) ptx::mbarrier_arrive(sm.drained);
+          impl::store_tile_boxes<WN>(acc, op, tile, wt, thread % 32u, thread % 128u, buffers,
+                                     boxes_stored);
+          continue;
+        }
         finish<WN>(acc, op, tile, wgmma ? sm.stages + plan.first(t) * cfg.stage_bytes() : sm.stages,
                    wt, flag, ctx);
         if (wgmma) {
@@ -368,6 +389,9 @@ struct GemmTileTask {
           __syncthreads();  // the producer warpgroup's next loads overwrite the staged tile
         }
       }
+      // The task's stores have written C before it completes, and have read their buffers
+      // before another task reuses the shared memory.
+      if (boxes && thread % 128u == 0) ptx::bulk_wait_all_written();
       if constexpr (kReconfigure) {
         ptx::setmaxnreg_dec<kEntryRegs>();
         ptx::named_barrier_arrive(impl::kRegisterBarrier, kThreads);
@@ -381,6 +405,18 @@ struct GemmTileTask {
       }
       if constexpr (kRuns) ptx::mbarrier_inval(sm.drained);
     }
+  }
+
+  // Whether a run's tiles go to C by TMA (kStoreBoxes): bf16 C with its map, no split-K, every
+  // row of the tile valid and inside C, a warpgroup's output columns whole boxes, and room for the
+  // buffers after the stages.
+  template <int WN>
+  __device__ static bool store_boxes(gemm::GemmOperands const& op, gemm::impl::TileJob const& job) {
+    gemm::GemmConfig const& cfg = op.config;
+    return op.c_map_ready && cfg.splits == 1 && job.rows == cfg.block_m &&
+           std::uint64_t{job.c_row0} + cfg.block_m <= op.c_rows &&
+           gemm::impl::store_boxes_fit<WN>(op.activation) &&
+           cfg.stages * cfg.stage_bytes() + gemm::kStoreBufferBytes <= gemm::kRunAreaBytes;
   }
 
   // Tile t of the run that starts at `job`.

@@ -40,6 +40,17 @@ inline constexpr std::uint32_t kDrainedBarrier = 2 * kMaxStages;
 // stages (40 KB each: one more in flight for the memory-bound short tiles than 192 KB) and leaves
 // the runtime and L1 the rest of the 227.
 inline constexpr std::uint32_t kStageAreaBytes = 208 * 1024;
+// A run task may store its finished bf16 tiles with TMA instead (tasks/gemm_tile.hpp): each
+// consumer warpgroup fills boxes of 64 rows x 64 columns (one 128-byte swizzle row per tile row)
+// in turn in its two buffers, placed after the stages, while the previous box is being stored.
+inline constexpr std::uint32_t kStoreBoxCols = 64;
+inline constexpr std::uint32_t kStoreBoxRows = 64;
+inline constexpr std::uint32_t kStoreBoxBytes = kStoreBoxCols * 2 * kStoreBoxRows;
+inline constexpr std::uint32_t kStoreBufferBytes = 2 * 2 * kStoreBoxBytes;  // 2 per warpgroup
+// The run task's area: the stages the heuristic picks for 128-row tiles (at most 192 KB) and the
+// store buffers; a deeper pipeline that leaves no room for them stages its tiles as single tiles
+// do.
+inline constexpr std::uint32_t kRunAreaBytes = 192 * 1024 + kStoreBufferBytes;
 inline constexpr std::uint32_t kConsumerThreads = 256;                 // warpgroups 0 and 1
 inline constexpr std::uint32_t kProducerWarp = kConsumerThreads / 32;  // warp 8: warpgroup 2
 inline constexpr std::uint32_t kThreads = kConsumerThreads + 128;

@@ -40,8 +40,9 @@ struct GemmDesc {
   std::uint32_t experts = 1;
   std::uint32_t n = 0;
   std::uint32_t k = 0;
-  void* c = nullptr;      // [rows][ldc] of bf16 or float
-  std::uint32_t ldc = 0;  // 0: n_out
+  void* c = nullptr;         // [c_rows][ldc] of bf16 or float
+  std::uint32_t ldc = 0;     // 0: n_out
+  std::uint32_t c_rows = 0;  // 0: a_rows
   OutputType output = OutputType::bf16;
   float const* bias = nullptr;       // [experts][n], or null
   float const* row_scale = nullptr;  // [a_rows], or null
@@ -51,6 +52,9 @@ struct GemmDesc {
 struct alignas(64) GemmOperands {
   TensorMapBytes a_map;  // 2-D {k, a_rows}, box {64, block_m}, 128-byte swizzle
   TensorMapBytes b_map;  // 3-D {k, n, experts}, box {64, block_n, 1}, 128-byte swizzle
+  // bf16 C only: 2-D {n_out, c_rows}, box {64, 64}, 128-byte swizzle, for the stores of whole
+  // tiles that a run task makes with TMA (c_map_ready = 1 once encoded).
+  TensorMapBytes c_map;
   Bf16 const* a;
   Bf16 const* b;
   void* c;
@@ -58,10 +62,11 @@ struct alignas(64) GemmOperands {
   float const* row_scale;
   float* workspace;         // split-K partial tiles: [slots][splits][block_m * block_n]
   std::uint32_t* counters;  // split-K arrivals per slot; zero between launches
-  std::uint32_t a_rows, lda, k, n, experts, ldc, n_out, slots;
+  std::uint32_t a_rows, lda, k, n, experts, ldc, n_out, slots, c_rows;
   GemmConfig config;
   OutputType output;
   GemmActivation activation;
+  std::uint8_t c_map_ready;
 
   LOOM_HD std::uint32_t k_blocks() const { return (k + kBlockK - 1) / kBlockK; }
   LOOM_HD std::uint32_t n_tiles() const { return (n + config.block_n - 1) / config.block_n; }
@@ -155,6 +160,7 @@ inline GemmOperands make_operands(GemmDesc const& d, GemmConfig const& cfg) {
   op.experts = d.experts;
   op.ldc = ldc;
   op.n_out = n_out;
+  op.c_rows = d.c_rows ? d.c_rows : d.a_rows;
   op.config = cfg;
   op.output = d.output;
   op.activation = d.activation;

@@ -50,7 +50,8 @@ inline void encode_bf16_tiled(TensorMapBytes& out, void const* base, cuuint32_t 
 
 // Fills op.a_map (2-D {k, a_rows}, box {64, block_m}) and op.b_map (3-D {k, n, experts}, box
 // {64, block_n, 1}), both bf16 with 128-byte swizzle; reads past an extent come back as zeros.
-// op.a and op.b must be device pointers.
+// With bf16 output, also op.c_map (2-D {n_out, c_rows}, box {64, 64}, 128-byte swizzle; stores
+// past an extent are dropped). op.a, op.b and op.c must be device pointers.
 inline void encode_tensor_maps(GemmOperands& op) {
   cuuint64_t const a_dims[2] = {op.k, op.a_rows};
   cuuint64_t const a_strides[1] = {cuuint64_t{op.lda} * 2};
@@ -60,6 +61,13 @@ inline void encode_tensor_maps(GemmOperands& op) {
   cuuint64_t const b_strides[2] = {cuuint64_t{op.k} * 2, cuuint64_t{op.n} * op.k * 2};
   cuuint32_t const b_box[3] = {kBlockK, op.config.block_n, 1};
   detail::encode_bf16_tiled(op.b_map, op.b, 3, b_dims, b_strides, b_box, "B");
+  if (op.output == OutputType::bf16) {
+    cuuint64_t const c_dims[2] = {op.n_out, op.c_rows};
+    cuuint64_t const c_strides[1] = {cuuint64_t{op.ldc} * 2};
+    cuuint32_t const c_box[2] = {kStoreBoxCols, kStoreBoxRows};
+    detail::encode_bf16_tiled(op.c_map, op.c, 2, c_dims, c_strides, c_box, "C");
+    op.c_map_ready = 1;
+  }
 }
 
 }  // namespace loom::tasks::gemm

@@ -196,6 +196,18 @@ TEST(GemmHost, RunPayloadsAreChecked) {
   EXPECT_THROW(tasks::GemmRunTile::payload(split, &split, t), Error);
 }
 
+// C's rows bound the run task's TMA stores: a_rows unless given.
+TEST(GemmHost, CRowsDefaultToTheRowsOfA) {
+  std::vector<g::Bf16> a(64 * 128), b(256 * 128), c(96 * 256);
+  g::GemmDesc d;
+  d.a = a.data(), d.a_rows = 64, d.b = b.data(), d.n = 256, d.k = 128, d.c = c.data();
+  g::GemmConfig cfg;
+  EXPECT_EQ(g::make_operands(d, cfg).c_rows, 64u);
+  d.c_rows = 96;
+  EXPECT_EQ(g::make_operands(d, cfg).c_rows, 96u);
+  EXPECT_EQ(g::make_operands(d, cfg).c_map_ready, 0u);  // encoded on the device side only
+}
+
 // A user sink: writes each tile's rows, reversed left to right, into C. Shows the hook's contract
 // (rows and cols valid, c_row0 / c_col0 placing the tile) without a device body.
 struct MirroringSink {

@@ -360,6 +360,77 @@ TEST(GpuGemmRegisterSplit, ShortWideTilesGiveBorrowedRegistersBack) {
   run_case(c, 20);
 }
 
+// A run task stores whole bf16 tiles with TMA; a task released by its completion reads them
+// (here by TMA, as the next GEMM's A) in the same launch. H = X · W1ᵀ, then Y = H · W2ᵀ with
+// every Y tile after every H tile; H is poisoned before each launch, so a store not yet visible
+// when the second GEMM loads shows up in Y. The last M tile is partial (staged path).
+TEST(GpuGemmRuns, TilesStoredByTmaAreSeenByTheNextGemm) {
+  LOOM_REQUIRE_GPU();
+  unsigned const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uint32_t const m = 3 * 128 + 40, k = 512, hidden = 4 * 256, n = 3 * 256;
+  auto const x = random_bf16(std::size_t{m} * k, rng, 1.0f);
+  auto const w1 = random_bf16(std::size_t{hidden} * k, rng, 1.0f / std::sqrt(float(k)));
+  auto const w2 = random_bf16(std::size_t{n} * hidden, rng, 1.0f / std::sqrt(float(hidden)));
+  loom::DeviceBuffer<g::Bf16> dx(x), dw1(w1), dw2(w2);
+  loom::DeviceBuffer<g::Bf16> dh(std::size_t{m} * hidden), dy(std::size_t{m} * n);
+  g::GemmConfig cfg;
+  cfg.block_m = 128, cfg.block_n = 256, cfg.stages = static_cast<std::uint8_t>(cfg.max_stages());
+  g::GemmDesc first;
+  first.a = dx.get(), first.a_rows = m, first.b = dw1.get(), first.n = hidden, first.k = k;
+  first.c = dh.get(), first.activation = g::GemmActivation::relu;
+  g::GemmDesc second;
+  second.a = dh.get(), second.a_rows = m, second.b = dw2.get(), second.n = n, second.k = hidden;
+  second.c = dy.get();
+  g::DeviceGemm up(first, cfg), down(second, cfg);
+
+  loom::GraphBuilder builder;
+  std::uint32_t slot = 0;
+  std::uint32_t const up_tasks = ((m + 127) / 128) * 2;  // runs of 2 of the 4 N tiles
+  loom::EventId const h_done = builder.add_event(up_tasks);
+  std::uint32_t const added = g::add_gemm_tiles<GemmRunPipeline, GemmRunTile>(
+      builder, up, {0, 0, 0, m}, slot, h_done, {}, g::kRasterGroupM, 0, 2);
+  EXPECT_EQ(added, up_tasks);
+  g::add_gemm_tiles<GemmRunPipeline, GemmRunTile>(builder, down, {0, 0, 0, m}, slot, loom::kNoEvent,
+                                                  {h_done}, g::kRasterGroupM, 0, 3);
+  loom::GpuExecutor<GemmRunPipeline> ex(builder.build());
+
+  for (int launch = 0; launch < 2; ++launch) {
+    dh.fill_bytes(0xFF);  // NaN
+    dy.fill_bytes(0xFF);
+    ex.run();
+    auto const h = dh.download();
+    auto const y = dy.download();
+    double num_h = 0, den_h = 0, num_y = 0, den_y = 0;
+    std::size_t nan = 0;
+    for (std::uint32_t r = 0; r < m; ++r) {
+      for (std::uint32_t j = 0; j < hidden; ++j) {
+        double s = 0;
+        for (std::uint32_t kk = 0; kk < k; ++kk)
+          s += double(g::to_float(x[std::size_t{r} * k + kk])) *
+               double(g::to_float(w1[std::size_t{j} * k + kk]));
+        double const want = std::max(s, 0.0), got = g::to_float(h[std::size_t{r} * hidden + j]);
+        nan += std::isnan(got);
+        num_h += (got - want) * (got - want), den_h += want * want;
+      }
+      // Y from the H the device wrote: this checks the second GEMM on its own inputs.
+      for (std::uint32_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (std::uint32_t kk = 0; kk < hidden; ++kk)
+          s += double(g::to_float(h[std::size_t{r} * hidden + kk])) *
+               double(g::to_float(w2[std::size_t{j} * hidden + kk]));
+        double const got = g::to_float(y[std::size_t{r} * n + j]);
+        nan += std::isnan(got);
+        num_y += (got - s) * (got - s), den_y += s * s;
+      }
+    }
+    EXPECT_EQ(nan, 0u) << "launch " << launch;
+    EXPECT_LT(std::sqrt(num_h / den_h), 1e-2) << "launch " << launch << ": H";
+    EXPECT_LT(std::sqrt(num_y / den_y), 1e-2) << "launch " << launch << ": Y";
+  }
+}
+
 // The host heuristic's choices (split-K and narrow tiles for small M) compute the same function.
 TEST(GpuGemmHeuristic, ChosenConfigurationsAreCorrect) {
   LOOM_REQUIRE_GPU();

@@ -22,6 +22,7 @@
 #include "tasks/gemm/epilogue_math.hpp"
 #include "tasks/gemm/ptx/smem.cuh"
 #include "tasks/gemm/ptx/sync.cuh"
+#include "tasks/gemm/ptx/tma.cuh"
 
 namespace loom::tasks::gemm::impl {
 
@@ -63,53 +64,84 @@ __device__ LOOM_INLINE float2 bias_pair(float const* bias, std::uint32_t col,
   return __ldg(reinterpret_cast<float2 const*>(bias + col));
 }
 
+// A thread's finished values without split-K (bias, activation, row scale), one chunk of 8
+// output columns of its warp's 16 x WN fragment at a time. A thread holds rows lane/4 and
+// lane/4 + 8 of the fragment and columns 8 j + 2 (lane % 4) + {0, 1} of B chunk j: acc[4j],
+// acc[4j+1] on the first row, acc[4j+2], acc[4j+3] on the second. Output chunk o is B chunk o,
+// or for SwiGLU gate chunk 2o with up chunk 2o + 1 (same thread). Rows past the valid count are
+// finished too (never delivered), but their row scale is not read.
+template <int WN, GemmActivation kAct>
+struct FragmentFinisher {
+  static constexpr int kChunks = kAct == GemmActivation::swiglu ? WN / 16 : WN / 8;
+  // The warp's first output column (of the tile's output columns).
+  __device__ LOOM_INLINE static std::uint32_t out_col_base(WarpTile const& wt) {
+    return kAct == GemmActivation::swiglu ? wt.col_base / 2u : wt.col_base;
+  }
+  // The row scales of the thread's two rows (1 without row_scale or past the valid rows).
+  __device__ LOOM_INLINE static float2 scales(GemmOperands const& op, TileJob const& job,
+                                              WarpTile const& wt, unsigned lane) {
+    std::uint32_t const row_lo = wt.row_base + lane / 4u, row_hi = row_lo + 8u;
+    float2 s = make_float2(1.0f, 1.0f);
+    if (float const* const row_scale = op.row_scale) {
+      if (row_lo < job.rows) s.x = row_scale[job.a_row0 + row_lo];
+      if (row_hi < job.rows) s.y = row_scale[job.a_row0 + row_hi];
+    }
+    return s;
+  }
+  // Chunk o: store(h, x, y) with the values of the first row (h = 0), then of the second (h = 1),
+  // at output columns out_col_base + 8 o + pair + {0, 1} (pair = 2 (lane % 4)). `bias` points at
+  // the tile's first B column (or is null).
+  template <class Store>
+  __device__ LOOM_INLINE static void chunk(float const (&acc)[WN / 2], int o, float const* bias,
+                                           std::uint32_t bias_cols, std::uint32_t col_base,
+                                           std::uint32_t pair, float2 scale, Store const& store) {
+    if constexpr (kAct == GemmActivation::swiglu) {
+      std::uint32_t const gate_col = col_base + 16u * o + pair;
+      float2 const gb = bias_pair(bias, gate_col, bias_cols);
+      float2 const ub = bias_pair(bias, gate_col + 8u, bias_cols);
+      float const* const g = acc + 8 * o;
+      store(0, fast::swiglu(g[0] + gb.x, g[4] + ub.x) * scale.x,
+            fast::swiglu(g[1] + gb.y, g[5] + ub.y) * scale.x);
+      store(1, fast::swiglu(g[2] + gb.x, g[6] + ub.x) * scale.y,
+            fast::swiglu(g[3] + gb.y, g[7] + ub.y) * scale.y);
+    } else {
+      float2 const b = bias_pair(bias, col_base + 8u * o + pair, bias_cols);
+      float const* const c = acc + 4 * o;
+      store(0, fast::activate(kAct, c[0] + b.x) * scale.x,
+            fast::activate(kAct, c[1] + b.y) * scale.x);
+      store(1, fast::activate(kAct, c[2] + b.x) * scale.y,
+            fast::activate(kAct, c[3] + b.y) * scale.y);
+    }
+  }
+};
+
+// The tile's bias at its first B column, or null.
+__device__ LOOM_INLINE float const* tile_bias(GemmOperands const& op, TileJob const& job) {
+  return op.bias ? op.bias + std::size_t{job.expert} * op.n + job.n0 : nullptr;
+}
+
 // No split-K, one consumer warp, after a consumer barrier (the stage area is free): its 16 x WN
 // fragment, finished in registers, into the staging tile at shared address `staging`, row stride
-// finished_row_stride(op). A thread holds rows lane/4 and lane/4 + 8 of the fragment and columns
-// 8 j + 2 (lane % 4) + {0, 1} of chunk j: acc[4j], acc[4j+1] on the first row, acc[4j+2],
-// acc[4j+3] on the second. Rows past the valid count are finished too (never delivered), but
-// their row scale is not read.
+// finished_row_stride(op).
 template <int WN, GemmActivation kAct>
 __device__ LOOM_INLINE void finish_fragments(float const (&acc)[WN / 2], GemmOperands const& op,
                                              TileJob const& job, WarpTile const& wt, unsigned lane,
                                              std::uint32_t staging) {
+  using Finisher = FragmentFinisher<WN, kAct>;
   std::uint32_t const stride = finished_row_stride(op);
-  std::uint32_t const row_lo = wt.row_base + lane / 4u, row_hi = row_lo + 8u;
   std::uint32_t const pair = 2u * (lane % 4u);
-  float scale_lo = 1.0f, scale_hi = 1.0f;
-  if (float const* const row_scale = op.row_scale) {
-    if (row_lo < job.rows) scale_lo = row_scale[job.a_row0 + row_lo];
-    if (row_hi < job.rows) scale_hi = row_scale[job.a_row0 + row_hi];
-  }
-  float const* const bias = op.bias ? op.bias + std::size_t{job.expert} * op.n + job.n0 : nullptr;
+  float2 const scale = Finisher::scales(op, job, wt, lane);
+  float const* const bias = tile_bias(op, job);
   std::uint32_t const bias_cols = op.n - job.n0;
   bool const bf16_out = op.output == OutputType::bf16;
-  std::uint32_t const lo = staging + row_lo * stride, hi = staging + row_hi * stride;
-  if constexpr (kAct == GemmActivation::swiglu) {
+  std::uint32_t const lo = staging + (wt.row_base + lane / 4u) * stride, hi = lo + 8u * stride;
+  std::uint32_t const col0 = Finisher::out_col_base(wt) + pair;
 #pragma unroll
-    for (int j = 0; j < WN / 16; ++j) {  // gate chunk 2j, up chunk 2j + 1
-      std::uint32_t const gate_col = wt.col_base + 16u * j + pair;
-      float2 const gb = bias_pair(bias, gate_col, bias_cols);
-      float2 const ub = bias_pair(bias, gate_col + 8u, bias_cols);
-      float const* const g = acc + 8 * j;
-      std::uint32_t const out_col = wt.col_base / 2u + 8u * j + pair;
-      store_pair(lo, out_col, fast::swiglu(g[0] + gb.x, g[4] + ub.x) * scale_lo,
-                 fast::swiglu(g[1] + gb.y, g[5] + ub.y) * scale_lo, bf16_out);
-      store_pair(hi, out_col, fast::swiglu(g[2] + gb.x, g[6] + ub.x) * scale_hi,
-                 fast::swiglu(g[3] + gb.y, g[7] + ub.y) * scale_hi, bf16_out);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < WN / 8; ++j) {
-      std::uint32_t const col = wt.col_base + 8u * j + pair;
-      float2 const b = bias_pair(bias, col, bias_cols);
-      float const* const c = acc + 4 * j;
-      store_pair(lo, col, fast::activate(kAct, c[0] + b.x) * scale_lo,
-                 fast::activate(kAct, c[1] + b.y) * scale_lo, bf16_out);
-      store_pair(hi, col, fast::activate(kAct, c[2] + b.x) * scale_hi,
-                 fast::activate(kAct, c[3] + b.y) * scale_hi, bf16_out);
-    }
-  }
+  for (int o = 0; o < Finisher::kChunks; ++o)
+    Finisher::chunk(acc, o, bias, bias_cols, wt.col_base, pair, scale,
+                    [&](int h, float x, float y) {
+                      store_pair(h == 0 ? lo : hi, col0 + 8u * o, x, y, bf16_out);
+                    });
 }
 
 template <int WN>
@@ -125,6 +157,89 @@ __device__ LOOM_INLINE void finish_fragments(float const (&acc)[WN / 2], GemmOpe
       return finish_fragments<WN, GemmActivation::gelu_tanh>(acc, op, job, wt, lane, staging);
     default:
       return finish_fragments<WN, GemmActivation::none>(acc, op, job, wt, lane, staging);
+  }
+}
+
+// Whether a run task's tiles of this width and activation can be stored with TMA: a warpgroup's
+// output columns must be whole boxes of kStoreBoxCols.
+template <int WN>
+__device__ LOOM_INLINE bool store_boxes_fit(GemmActivation act) {
+  std::uint32_t const cols = act == GemmActivation::swiglu ? WN / 2 : WN;
+  return cols % kStoreBoxCols == 0;
+}
+
+// Named barriers of consumer warpgroup 0 and 1 while they store boxes.
+inline constexpr std::uint32_t kStoreBarrier = 4;
+
+// A whole tile (all block_m rows valid, bf16 C with op.c_map) without split-K, one consumer
+// warpgroup (`group_thread` 0..127), right after its K loop: its 64 rows, finished in registers,
+// box by box into its two buffers at shared address `buffers` (1024-byte aligned) and from there
+// to C by TMA. Thread 0 of the warpgroup issues the stores; before a buffer is written again it
+// waits until the store that last used it has read it. `boxes` counts the warpgroup's boxes over
+// the task (it picks the buffer); bulk_wait_all_written ends the task's stores.
+//
+// A box row is one 128-byte swizzle row: 16-byte chunk q of row r sits at chunk q ^ (r % 8), so
+// the four lanes of each of the warp's 8 rows write to different banks.
+template <int WN, GemmActivation kAct>
+__device__ void store_tile_boxes(float const (&acc)[WN / 2], GemmOperands const& op,
+                                 TileJob const& job, WarpTile const& wt, unsigned lane,
+                                 unsigned group_thread, std::uint32_t buffers,
+                                 std::uint32_t& boxes) {
+  using Finisher = FragmentFinisher<WN, kAct>;
+  constexpr int kBoxChunks = kStoreBoxCols / 8, kBoxes = Finisher::kChunks / kBoxChunks;
+  std::uint32_t const pair = 2u * (lane % 4u);
+  float2 const scale = Finisher::scales(op, job, wt, lane);
+  float const* const bias = tile_bias(op, job);
+  std::uint32_t const bias_cols = op.n - job.n0;
+  std::uint32_t const group_row0 = wt.row_base / kStoreBoxRows * kStoreBoxRows;
+  std::uint32_t const row = wt.row_base - group_row0 + lane / 4u, swizzle = lane / 4u;
+  std::uint32_t const barrier = kStoreBarrier + wt.row_base / kStoreBoxRows + wt.col_base / WN;
+  std::int32_t const c_row = static_cast<std::int32_t>(job.c_row0 + group_row0);
+  std::int32_t const c_col =
+      static_cast<std::int32_t>(job.n_tile * op.out_tile_cols() + Finisher::out_col_base(wt));
+#pragma unroll
+  for (int b = 0; b < kBoxes; ++b) {
+    std::uint32_t const buffer = buffers + (boxes & 1u) * kStoreBoxBytes;
+    if (group_thread == 0) ptx::bulk_wait_group_read<1>();
+    ptx::named_barrier_sync(barrier, 128);
+    std::uint32_t const lo = buffer + row * 128u + 2u * pair;
+#pragma unroll
+    for (int q = 0; q < kBoxChunks; ++q) {
+      std::uint32_t const at = lo + ((q ^ swizzle) * 16u);
+      Finisher::chunk(acc, b * kBoxChunks + q, bias, bias_cols, wt.col_base, pair, scale,
+                      [&](int h, float x, float y) {
+                        ptx::st_shared_b32(at + h * 8u * 128u, pack_bf16x2(x, y));
+                      });
+    }
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(barrier, 128);
+    if (group_thread == 0) {
+      ptx::tma_store_2d(&op.c_map, buffer, c_col + b * static_cast<std::int32_t>(kStoreBoxCols),
+                        c_row);
+      ptx::bulk_commit_group();
+    }
+    ++boxes;
+  }
+}
+
+template <int WN>
+__device__ LOOM_INLINE void store_tile_boxes(float const (&acc)[WN / 2], GemmOperands const& op,
+                                             TileJob const& job, WarpTile const& wt, unsigned lane,
+                                             unsigned group_thread, std::uint32_t buffers,
+                                             std::uint32_t& boxes) {
+  switch (op.activation) {
+    case GemmActivation::swiglu:
+      return store_tile_boxes<WN, GemmActivation::swiglu>(acc, op, job, wt, lane, group_thread,
+                                                          buffers, boxes);
+    case GemmActivation::relu:
+      return store_tile_boxes<WN, GemmActivation::relu>(acc, op, job, wt, lane, group_thread,
+                                                        buffers, boxes);
+    case GemmActivation::gelu_tanh:
+      return store_tile_boxes<WN, GemmActivation::gelu_tanh>(acc, op, job, wt, lane, group_thread,
+                                                             buffers, boxes);
+    default:
+      return store_tile_boxes<WN, GemmActivation::none>(acc, op, job, wt, lane, group_thread,
+                                                        buffers, boxes);
   }
 }
 

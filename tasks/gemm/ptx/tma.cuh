@@ -1,5 +1,5 @@
-// TMA tile loads and the mbarriers they complete on, as thin named wrappers over libcu++'s
-// cuda::ptx (plus the one instruction it lacks, mbarrier.inval). sm_90.
+// TMA tile loads (and stores) and the mbarriers they complete on, as thin named wrappers over
+// libcu++'s cuda::ptx (plus the one instruction it lacks, mbarrier.inval). sm_90.
 //
 // Contracts:
 // - a tensor map may live in global memory (64-byte aligned, written before the launch); the
@@ -81,6 +81,38 @@ LOOM_DEVICE LOOM_INLINE void tma_load_3d(void* dst, void const* tensor_map, std:
   std::int32_t const coords[3] = {c0, c1, c2};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst,
                                   tensor_map, coords, bar);
+}
+
+// cp.async.bulk.tensor.2d shared -> global: the box at shared address `src` (laid out as a load
+// of the same map would leave it) to coordinates {c0, c1} of `tensor_map`; elements past the map's
+// extents are not written. One thread; joins this thread's open bulk group (bulk_commit_group).
+LOOM_DEVICE LOOM_INLINE void tma_store_2d(void const* tensor_map, std::uint32_t src,
+                                          std::int32_t c0, std::int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+          tensor_map),
+      "r"(c0), "r"(c1), "r"(src)
+      : "memory");
+}
+
+// Closes this thread's bulk group of stores issued since the last commit.
+LOOM_DEVICE LOOM_INLINE void bulk_commit_group() {
+  cuda::ptx::cp_async_bulk_commit_group();
+}
+
+// Waits until at most kPending of this thread's bulk groups still read their shared memory (the
+// older groups' sources may be overwritten).
+template <int kPending>
+LOOM_DEVICE LOOM_INLINE void bulk_wait_group_read() {
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<kPending>{});
+}
+
+// Waits until every bulk group of this thread has completed its writes to global memory, then
+// orders them (async proxy) before this thread's later generic-proxy accesses: a release that
+// follows makes them visible to whoever acquires it.
+LOOM_DEVICE LOOM_INLINE void bulk_wait_all_written() {
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+  cuda::ptx::fence_proxy_async();
 }
 
 // Orders this thread's generic-proxy shared-memory accesses before later async-proxy accesses
