@@ -40,7 +40,7 @@ struct RemoteSlotSink {
 #endif
 };
 
-using RemoteDownGemm = tasks::GemmTileTask<RemoteSlotSink>;
+using RemoteDownGemm = tasks::GemmTileTask<RemoteSlotSink, false, false>;
 
 struct ExpertDownRemote {
   static constexpr char const* name = "ep_down";

@@ -44,8 +44,9 @@ struct SlotScatterSink {
 #endif
 };
 
-using UpGemm = tasks::GemmTileTask<tasks::gemm::LocalTileSink>;
-using DownGemm = tasks::GemmTileTask<SlotScatterSink>;
+// Single tiles that never split K (the expert GEMMs' configurations have splits = 1).
+using UpGemm = tasks::GemmTileTask<tasks::gemm::LocalTileSink, false, false>;
+using DownGemm = tasks::GemmTileTask<SlotScatterSink, false, false>;
 
 // The GEMM tile of an MoE tile: same rows in A and C (pool row = h row), no split-K.
 template <class Gemm>

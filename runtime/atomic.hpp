@@ -34,6 +34,12 @@ template <class T, cuda::thread_scope S = cuda::thread_scope_device>
 LOOM_HD LOOM_INLINE T fetch_add_acq_rel(T& word, T value) {
   return cuda::atomic_ref<T, S>(word).fetch_add(value, cuda::memory_order_acq_rel);
 }
+// Release only: what this thread wrote (or saw happen before, e.g. through a block barrier)
+// before the addition is visible to whoever acquires the word after it.
+template <class T, cuda::thread_scope S = cuda::thread_scope_device>
+LOOM_HD LOOM_INLINE T fetch_add_release(T& word, T value) {
+  return cuda::atomic_ref<T, S>(word).fetch_add(value, cuda::memory_order_release);
+}
 template <class T, cuda::thread_scope S = cuda::thread_scope_device>
 LOOM_HD LOOM_INLINE T fetch_add_relaxed(T& word, T value) {
   return cuda::atomic_ref<T, S>(word).fetch_add(value, cuda::memory_order_relaxed);

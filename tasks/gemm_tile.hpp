@@ -22,7 +22,8 @@
 // end). Both paths finish through the same epilogue into a staged tile that the Sink delivers
 // (sink.hpp). Design, measurements and limits: docs/gemm.md.
 // Split-K (config.splits > 1): split s sums K blocks [s·per, (s+1)·per); the last split to finish
-// a tile adds all partials in split order (deterministic) and runs the epilogue.
+// a tile loads the other partials into shared memory with bulk copies, adds all of them in split
+// order (deterministic) and runs the epilogue.
 //
 // Host: the same function in float from the bf16 inputs; the task of the last split computes the
 // whole K range and the other splits do nothing.
@@ -60,7 +61,10 @@ struct GemmTileCoord {
   std::uint64_t sink_tag = 0;
 };
 
-template <class Sink = gemm::LocalTileSink, bool kRuns = false>
+// A task type for GEMMs that never split K (kSplitK = false) compiles none of split-K's epilogue
+// and refuses split configurations: in a kernel of many task types, each instruction left out is
+// one fewer competing for the instruction cache.
+template <class Sink = gemm::LocalTileSink, bool kRuns = false, bool kSplitK = true>
 struct GemmTileTask {
   static constexpr char const* name = "gemm_tile";
   static constexpr unsigned threads = gemm::kThreads;
@@ -71,8 +75,13 @@ struct GemmTileTask {
   static constexpr bool kStoreBoxes = kRuns && std::is_same_v<Sink, gemm::LocalTileSink>;
   // Control words (mbarriers, a broadcast flag), alignment slack to 1024 bytes, then the stages.
   static constexpr unsigned kControlBytes = 256;
-  static constexpr unsigned shared_bytes =
-      kControlBytes + 1024 + (kStoreBoxes ? gemm::kRunAreaBytes : gemm::kStageAreaBytes);
+  // The stages (and staged tiles, and with kStoreBoxes the store buffers), 1024-byte aligned.
+  static constexpr std::uint32_t kAreaBytes =
+      kStoreBoxes ? gemm::kRunAreaBytes : gemm::kStageAreaBytes;
+  static constexpr unsigned shared_bytes = kControlBytes + 1024 + kAreaBytes;
+  // Split-K's last split loads the other partials beside its staged tile (sum_partials_bulk):
+  // at least one row of each must fit next to the widest staged tile.
+  static_assert(gemm::kStageAreaBytes - 128 * (256 * 4 + 16) >= (gemm::kMaxSplits - 1) * 256 * 4);
 
   struct Payload {
     gemm::GemmOperands const* ops;
@@ -111,6 +120,7 @@ struct GemmTileTask {
            std::to_string(op.n_tiles() - t.n_tile));
     if (t.count > 1 && !kRuns) fail("this task type takes one n tile per task (use GemmRunTile)");
     if (t.count > 1 && cfg.splits > 1) fail("a run of n tiles cannot be split along K");
+    if (cfg.splits > 1 && !kSplitK) fail("this task type does not split K (kSplitK is false)");
     if (t.split >= cfg.splits) fail("split out of range (" + std::to_string(cfg.splits) + ")");
     if (cfg.splits > 1 && t.slot >= op.slots)
       fail("split-K slot " + std::to_string(t.slot) + " but the workspace has " +
@@ -154,7 +164,7 @@ struct GemmTileTask {
     gemm::GemmConfig const& cfg = op.config;
     return p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts || p.count == 0 ||
            p.n_tile + p.count > op.n_tiles() || p.split >= cfg.splits ||
-           (p.count > 1 && (cfg.splits > 1 || !kRuns)) ||
+           (p.count > 1 && (cfg.splits > 1 || !kRuns)) || (cfg.splits > 1 && !kSplitK) ||
            std::uint64_t{p.a_row0} + p.rows > op.a_rows;
   }
   LOOM_HD static std::uint64_t bad_payload_word(Payload const& p) {
@@ -174,6 +184,7 @@ struct GemmTileTask {
   static std::string pipeline_barrier_name(std::uint64_t which) {
     using gemm::kMaxStages;
     if (which == gemm::kDrainedBarrier) return "the staged-tile barrier";
+    if (which == gemm::kPartialsBarrier) return "the split-K partials barrier";
     return std::string(which < kMaxStages ? "full" : "empty") + " barrier of stage " +
            std::to_string(which % kMaxStages);
   }
@@ -296,9 +307,10 @@ struct GemmTileTask {
     sm.full = reinterpret_cast<std::uint64_t*>(raw);
     sm.empty = sm.full + kMaxStages;
     sm.drained = sm.empty + kMaxStages;
+    sm.partials = sm.drained + 1;
     sm.stages = reinterpret_cast<unsigned char*>(
         (reinterpret_cast<std::uintptr_t>(raw) + kControlBytes + 1023u) & ~std::uintptr_t{1023});
-    auto* const flag = reinterpret_cast<std::uint32_t*>(sm.drained + 1);
+    auto* const flag = reinterpret_cast<std::uint32_t*>(sm.partials + 1);
     unsigned const thread = threadIdx.x, warp = thread / 32u;
     impl::WarpTile const wt = impl::warp_tile(cfg, warp);
     // In the M split a warpgroup whose 64 rows are all invalid skips its MMAs.
@@ -321,6 +333,7 @@ struct GemmTileTask {
         ptx::mbarrier_init(sm.empty + s, kConsumerThreads / 32);
       }
       if constexpr (kRuns) ptx::mbarrier_init(sm.drained, kConsumerThreads / 32);
+      if (kSplitK && cfg.splits > 1) ptx::mbarrier_init(sm.partials, 1);
       ptx::fence_mbarrier_init();
     }
     __syncthreads();
@@ -362,7 +375,7 @@ struct GemmTileTask {
           impl::consume_tiles<WN>(acc, op, job, sm, ctx, warp, active, stage, phase);
         else
           impl::mma_sync_mainloop<WN, true>(acc, op, job, sm.stages, wt, active);
-        finish<WN>(acc, op, job, sm.stages, wt, flag, ctx);
+        finish<WN>(acc, op, job, sm.stages, sm, wt, flag, ctx);
       }
       for (std::uint32_t t = 0; kRuns && t < tiles; ++t) {
         impl::TileJob const tile = next_tile(job, cfg, t);
@@ -379,7 +392,7 @@ struct GemmTileTask {
           continue;
         }
         finish<WN>(acc, op, tile, wgmma ? sm.stages + plan.first(t) * cfg.stage_bytes() : sm.stages,
-                   wt, flag, ctx);
+                   sm, wt, flag, ctx);
         if (wgmma) {
           // This warp's reads of the staged tile come before the producer's TMA writes there.
           ptx::fence_proxy_async_shared();
@@ -404,6 +417,7 @@ struct GemmTileTask {
         ptx::mbarrier_inval(sm.empty + s);
       }
       if constexpr (kRuns) ptx::mbarrier_inval(sm.drained);
+      if (kSplitK && cfg.splits > 1) ptx::mbarrier_inval(sm.partials);
     }
   }
 
@@ -432,20 +446,31 @@ struct GemmTileTask {
   template <int WN>
   __device__ static void finish(float (&acc)[WN / 2], gemm::GemmOperands const& op,
                                 gemm::impl::TileJob const& job, unsigned char* staging,
-                                gemm::impl::WarpTile const& wt, std::uint32_t* flag,
-                                TaskContext& ctx) {
+                                gemm::impl::PipelineSmem const& sm, gemm::impl::WarpTile const& wt,
+                                std::uint32_t* flag, TaskContext& ctx) {
     using namespace gemm;
     unsigned const thread = threadIdx.x, warp = thread / 32u, lane = thread % 32u;
     ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
     std::uint32_t row_stride;
-    if (op.config.splits == 1) {
+    if (!kSplitK || op.config.splits == 1) {
       impl::finish_fragments<WN>(acc, op, job, wt, lane, ptx::smem_address(staging));
       row_stride = impl::finished_row_stride(op);
     } else {
       impl::stage_accumulators<WN>(acc, op.config, wt, lane, staging);
       ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
       if (!impl::publish_partial(op, job, staging, thread, flag)) return;
-      impl::sum_partials(op, job, staging, thread);
+      if (op.config.path == MmaPath::wgmma) {
+        // The other partials go to the larger part of the stage area beside the staged tile.
+        std::uint32_t const before = static_cast<std::uint32_t>(staging - sm.stages);
+        std::uint32_t const after =
+            kAreaBytes - before - op.config.block_m * impl::staging_row_stride(op.config);
+        unsigned char* const scratch = after >= before ? sm.stages + kAreaBytes - after : sm.stages;
+        if (!impl::sum_partials_bulk(op, job, staging, scratch, max(before, after), sm.partials,
+                                     ctx, thread))
+          return;
+      } else {
+        impl::sum_partials(op, job, staging, thread);
+      }
       ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
       impl::finish_rows(op, job, staging, warp, lane);
       row_stride = impl::staging_row_stride(op.config);

@@ -173,14 +173,26 @@ TEST(GemmHost, RunHeuristicKeepsEveryProcessorBusy) {
   EXPECT_EQ(g::choose_gemm_run(cfg, 8192, 8192), 1u);
 }
 
+// Host buffers for an fp32-output GEMM of a_rows x n x k and its description (the contents are not
+// read: for tests of what is accepted).
+struct Fp32Operands {
+  std::vector<g::Bf16> a, b;
+  std::vector<float> c;
+  g::GemmDesc d;
+  Fp32Operands(std::uint32_t a_rows, std::uint32_t n, std::uint32_t k)
+      : a(std::size_t{a_rows} * k), b(std::size_t{n} * k), c(std::size_t{a_rows} * n) {
+    d.a = a.data(), d.a_rows = a_rows, d.b = b.data(), d.n = n, d.k = k, d.c = c.data();
+    d.output = g::OutputType::fp32;
+  }
+  Fp32Operands(Fp32Operands const&) = delete;
+  Fp32Operands& operator=(Fp32Operands const&) = delete;
+};
+
 TEST(GemmHost, RunPayloadsAreChecked) {
   HostGemm h;
   h.cfg.block_m = 128, h.cfg.block_n = 64;
-  std::vector<g::Bf16> a(64 * 128), b(256 * 128);
-  std::vector<float> c(64 * 256);
-  g::GemmDesc d;
-  d.a = a.data(), d.a_rows = 64, d.b = b.data(), d.n = 256, d.k = 128, d.c = c.data();
-  d.output = g::OutputType::fp32;
+  Fp32Operands const o(64, 256, 128);
+  g::GemmDesc const& d = o.d;
   g::GemmOperands op = g::make_operands(d, h.cfg);
   tasks::GemmTileCoord t;
   t.rows = 64, t.n_tile = 2, t.count = 3;  // tiles 2, 3, 4 of 4
@@ -194,6 +206,28 @@ TEST(GemmHost, RunPayloadsAreChecked) {
   g::GemmOperands split = g::make_operands(d, h.cfg);
   split.slots = 1;
   EXPECT_THROW(tasks::GemmRunTile::payload(split, &split, t), Error);
+}
+
+// A task type built without split-K refuses split configurations, on the host and in the payload
+// check the device shares.
+TEST(GemmHost, TaskTypesWithoutSplitKRefuseSplits) {
+  using NoSplit = tasks::GemmTileTask<g::LocalTileSink, false, false>;
+  Fp32Operands const o(64, 128, 128);
+  g::GemmDesc const& d = o.d;
+  g::GemmConfig cfg;
+  cfg.block_m = 64, cfg.block_n = 128;
+  tasks::GemmTileCoord t;
+  t.rows = 64;
+  g::GemmOperands op = g::make_operands(d, cfg);
+  EXPECT_NO_THROW(NoSplit::payload(op, &op, t));
+  cfg.splits = 2;
+  g::GemmOperands split = g::make_operands(d, cfg);
+  split.slots = 1;
+  EXPECT_NO_THROW(GemmTile::payload(split, &split, t));
+  EXPECT_TRUE(mentions(error_of([&] { NoSplit::payload(split, &split, t); }), "does not split K"));
+  NoSplit::Payload const p = NoSplit::payload(op, &op, t);
+  EXPECT_FALSE(NoSplit::bad_payload(p, op));
+  EXPECT_TRUE(NoSplit::bad_payload(p, split));  // operands changed after the payload was made
 }
 
 // C's rows bound the run task's TMA stores: a_rows unless given.
@@ -259,11 +293,8 @@ TEST(GemmHost, SinkReceivesEveryFinishedTileOnce) {
 }
 
 TEST(GemmHost, BadOperandsAreRejectedWithTheReason) {
-  std::vector<g::Bf16> a(64 * 72), b(64 * 72);
-  std::vector<float> c(64 * 64);
-  g::GemmDesc d;
-  d.a = a.data(), d.a_rows = 64, d.b = b.data(), d.n = 64, d.k = 72, d.c = c.data();
-  d.output = g::OutputType::fp32;
+  Fp32Operands const o(64, 64, 72);
+  g::GemmDesc const& d = o.d;
   g::GemmConfig cfg;
   cfg.block_m = 128, cfg.block_n = 64, cfg.stages = 4;
   EXPECT_TRUE(succeeds([&] { g::make_operands(d, cfg); }));

@@ -36,6 +36,7 @@ struct Case {
   std::uint8_t overlap = 1;
   std::uint32_t chains = 0;  // > 0: tiles strung into chains (local dispatch)
   std::uint32_t run = 1;     // N-tiles per task
+  bool run_type = false;     // through the run task type even with run = 1
 };
 
 std::ostream& operator<<(std::ostream& os, Case const& c) {
@@ -200,7 +201,7 @@ void run_case_with(Case const& c, int launches) {
 
 // Runs of N-tiles go through the run task type, single tiles through GemmTile.
 void run_case(Case const& c, int launches = 2) {
-  if (c.run > 1)
+  if (c.run > 1 || c.run_type)
     run_case_with<GemmRunPipeline, GemmRunTile>(c, launches);
   else
     run_case_with<GemmPipeline, GemmTile>(c, launches);
@@ -271,6 +272,20 @@ std::vector<Case> all_cases() {
     Case f = make("wgmma_no_overlap_splitk_tile128x256", 128, 256, P::wgmma);
     f.overlap = 0, f.k = 1024, f.splits = 2;
     v.push_back(f);
+    // The last split loads the other four partials beside the widest staged tile, 19 rows at a
+    // time: up to seven passes through one barrier (K blocks 4, 4, 4, 4 and 2).
+    Case g = make("wgmma_splitk5_tile128x256", 128, 256, P::wgmma, A::relu);
+    g.k = 17 * 64 + 40, g.splits = 5;
+    v.push_back(g);
+    // Split-K in the run task type (as whole GEMMs use it), where a staged tile ends with the
+    // stage of its last K block: one K block per split stages it at stage 3 of 6 and the other
+    // partials go before it; five K blocks stage it at stage 2 and they go after it.
+    for (std::uint32_t per : {1u, 5u}) {
+      Case h = make("wgmma_run_type_splitk3_kblocks" + std::to_string(per) + "_tile128x128", 128,
+                    128, P::wgmma, A::gelu_tanh);
+      h.k = 3 * per * 64 - 8, h.splits = 3, h.run_type = true;
+      v.push_back(h);
+    }
     // Tiles strung into chains (each task's event gates the next of its chain), split-K included.
     Case chained = make("wgmma_chained_splitk_swiglu", 128, 64, P::wgmma, A::swiglu);
     chained.k = 640, chained.splits = 2, chained.chains = 5;

@@ -9,7 +9,7 @@
 //   1. stage_accumulators: each consumer warp stores its fragments as raw fp32 into the staging
 //      tile; publish_partial copies a split's raw tile to the workspace and counts it; the split
 //      that arrives last replaces its staged tile by the sum of all partials in split order
-//      (sum_partials);
+//      (sum_partials_bulk: bulk copies into shared memory; sum_partials on the mma.sync path);
 //   2. finish_rows: warps sweep the summed tile row by row (16-byte accesses) with the same
 //      formulas and write each finished row in place at the start of its staging row.
 #pragma once
@@ -18,6 +18,8 @@
 
 #include <cuda_bf16.h>
 
+#include "runtime/atomic.hpp"
+#include "tasks/gemm/device/pipeline_wait.cuh"
 #include "tasks/gemm/device/tile_job.cuh"
 #include "tasks/gemm/epilogue_math.hpp"
 #include "tasks/gemm/ptx/smem.cuh"
@@ -249,72 +251,158 @@ __device__ LOOM_INLINE void stage_accumulators(float const (&acc)[WN / 2], GemmC
                                                WarpTile const& wt, unsigned lane,
                                                unsigned char* staging) {
   std::uint32_t const stride = staging_row_stride(cfg);
-  unsigned char* const row =
-      staging + (wt.row_base + lane / 4u) * stride + (wt.col_base + 2u * (lane % 4u)) * 4u;
+  std::uint32_t const row = ptx::smem_address(staging) + (wt.row_base + lane / 4u) * stride +
+                            (wt.col_base + 2u * (lane % 4u)) * 4u;
 #pragma unroll
   for (int j = 0; j < WN / 8; ++j) {
-    *reinterpret_cast<float2*>(row + j * 32) = make_float2(acc[4 * j], acc[4 * j + 1]);
-    *reinterpret_cast<float2*>(row + 8u * stride + j * 32) =
-        make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+    ptx::st_shared_v2_f32(row + j * 32, acc[4 * j], acc[4 * j + 1]);
+    ptx::st_shared_v2_f32(row + 8u * stride + j * 32, acc[4 * j + 2], acc[4 * j + 3]);
   }
+}
+
+__device__ LOOM_INLINE float4 as_float4(uint4 v) {
+  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
+                     __uint_as_float(v.w));
+}
+__device__ LOOM_INLINE uint4 as_uint4(float4 v) {
+  return make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
+                    __float_as_uint(v.w));
+}
+
+// The staged raw tile of split-K, through the shared window: row r at base + r * stride, block_n
+// fp32 each. The consumer threads walk it by 16-byte vectors without dividing: thread t takes
+// vector column t % row_vectors of rows t / row_vectors, + 256 / row_vectors, ..., where
+// row_vectors = block_n / 4 = 1 << shift (16, 32 or 64). These passes run with 8 warps on the
+// SM, so every instruction of a pass's loop is paid in latency.
+struct RawTile {
+  std::uint32_t base, stride, shift;
+
+  __device__ LOOM_INLINE static RawTile of(GemmConfig const& cfg, unsigned char const* staging) {
+    return {ptx::smem_address(staging), staging_row_stride(cfg),
+            31u - static_cast<std::uint32_t>(__clz(cfg.block_n / 4u))};
+  }
+  __device__ LOOM_INLINE std::uint32_t at(std::uint32_t r, std::uint32_t v) const {
+    return base + r * stride + v * 16u;
+  }
+  // f(r, v, i) for this thread's vectors of rows [0, rows); i = (r << shift) + v, the vector's
+  // index in the packed layout of the workspace (block_n floats per row).
+  template <class F>
+  __device__ LOOM_INLINE void for_each(std::uint32_t rows, unsigned thread, F const& f) const {
+    std::uint32_t const v = thread & ((1u << shift) - 1u);
+    for (std::uint32_t r = thread >> shift; r < rows; r += kConsumerThreads >> shift)
+      f(r, v, (r << shift) + v);
+  }
+};
+
+// The workspace slot of a split-K tile: splits partials of block_m x block_n floats.
+__device__ LOOM_INLINE float* partial_tiles(GemmOperands const& op, TileJob const& job) {
+  GemmConfig const& cfg = op.config;
+  return op.workspace + std::size_t{job.slot} * cfg.splits * cfg.block_m * cfg.block_n;
 }
 
 // Split-K, all consumer threads after pass 1 and a consumer barrier: copies the valid rows of the
 // raw tile to this split's workspace slot, counts the split in, and returns true in the split
 // that arrives last (the counter is reset there for the next launch). `flag`: a shared word.
+// Thread 0 alone releases and acquires for the tile: the barriers order every consumer's accesses
+// around its own (fences are cumulative), where a fence in each thread would cost the tile
+// 256 device-scope fences.
 __device__ inline bool publish_partial(GemmOperands const& op, TileJob const& job,
                                        unsigned char const* staging, unsigned thread,
                                        std::uint32_t* flag) {
-  GemmConfig const& cfg = op.config;
-  std::uint32_t const stride = staging_row_stride(cfg), row_vectors = cfg.block_n / 4u;
-  float4* const mine = reinterpret_cast<float4*>(
-      op.workspace + (std::size_t{job.slot} * cfg.splits + job.split) * cfg.block_m * cfg.block_n);
-  for (std::uint32_t i = thread; i < job.rows * row_vectors; i += kConsumerThreads) {
-    std::uint32_t const r = i / row_vectors, v = i - r * row_vectors;
-    __stcg(mine + i, *reinterpret_cast<float4 const*>(staging + r * stride + v * 16u));
-  }
-  __threadfence();
+  GemmConfig const cfg = op.config;
+  RawTile const raw = RawTile::of(cfg, staging);
+  auto* const mine = reinterpret_cast<uint4*>(partial_tiles(op, job) +
+                                              std::size_t{job.split} * cfg.block_m * cfg.block_n);
+  raw.for_each(job.rows, thread, [&](std::uint32_t r, std::uint32_t v, std::uint32_t i) {
+    __stcg(mine + i, ptx::ld_shared_v4(raw.at(r, v)));
+  });
   ptx::named_barrier_sync(kEpilogueBarrier, kConsumerThreads);
   if (thread == 0) {
-    std::uint32_t const before = atomicAdd(op.counters + job.slot, 1u);
-    bool const last = before == cfg.splits - 1u;
-    if (last) atomicExch(op.counters + job.slot, 0u);
+    std::uint32_t& counter = op.counters[job.slot];
+    bool const last = fetch_add_release(counter, 1u) == cfg.splits - 1u;
+    if (last) {
+      store_relaxed(counter, 0u);
+      fence_acquire();  // the other splits' partials, for every consumer past the barrier below
+    }
     *flag = last ? 1u : 0u;
   }
   ptx::named_barrier_sync(kEpilogueBarrier, kConsumerThreads);
-  bool const last = *flag != 0u;
-  if (last) __threadfence();
-  return last;
+  return *flag != 0u;
 }
 
-// Split-K, the last split, all consumer threads after publish_partial: the staging tile's valid
-// rows become the sum of every split's partial, added in split order (the same bits whichever
-// split finishes last). One flat, coalesced pass with independent 16-byte loads in flight.
+// Split-K, the last split, all consumer threads: rows [row0, row0 + rows) of the raw tile become
+// the sum of every split's partial, added in split order (the same bits whichever split finishes
+// last). Its own partial is the staged one; `other(s, i)` gives vector i (packed from row0) of
+// split s's.
+template <class Other>
+__device__ LOOM_INLINE void add_partials(std::uint32_t splits, std::uint32_t split,
+                                         RawTile const& raw, std::uint32_t row0, std::uint32_t rows,
+                                         unsigned thread, Other const& other) {
+  raw.for_each(rows, thread, [&](std::uint32_t r, std::uint32_t v, std::uint32_t i) {
+    std::uint32_t const at = raw.at(row0 + r, v);
+    float4 const own = as_float4(ptx::ld_shared_v4(at));
+    float4 sum = split == 0 ? own : other(0u, i);
+    for (std::uint32_t s = 1; s < splits; ++s) {
+      float4 const x = s == split ? own : other(s, i);
+      sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+    }
+    ptx::st_shared_v4(at, as_uint4(sum));
+  });
+}
+
+// Split-K, the last split on the mma.sync path, after publish_partial: the other partials read
+// from the workspace by the consumer threads.
 __device__ inline void sum_partials(GemmOperands const& op, TileJob const& job,
                                     unsigned char* staging, unsigned thread) {
-  GemmConfig const& cfg = op.config;
-  std::uint32_t const stride = staging_row_stride(cfg), row_vectors = cfg.block_n / 4u;
-  std::size_t const tile_vectors = std::size_t{cfg.block_m} * cfg.block_n / 4u;
-  float4 const* const base = reinterpret_cast<float4 const*>(
-      op.workspace + std::size_t{job.slot} * cfg.splits * cfg.block_m * cfg.block_n);
-#pragma unroll 2
-  for (std::uint32_t i = thread; i < job.rows * row_vectors; i += kConsumerThreads) {
-    float4 sum = __ldcg(base + i);
-#pragma unroll 4
-    for (std::uint32_t s = 1; s < cfg.splits; ++s) {
-      float4 const v = __ldcg(base + s * tile_vectors + i);
-      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-    }
-    std::uint32_t const r = i / row_vectors, v = i - r * row_vectors;
-    *reinterpret_cast<float4*>(staging + r * stride + v * 16u) = sum;
-  }
+  GemmConfig const cfg = op.config;
+  std::uint32_t const tile_vectors = std::uint32_t{cfg.block_m} * cfg.block_n / 4u;
+  auto const* const tiles = reinterpret_cast<float4 const*>(partial_tiles(op, job));
+  add_partials(
+      cfg.splits, job.split, RawTile::of(cfg, staging), 0u, job.rows, thread,
+      [&](std::uint32_t s, std::uint32_t i) { return __ldcg(tiles + s * tile_vectors + i); });
 }
 
-// Eight consecutive raw values of staged row r, columns c..c+7.
-__device__ LOOM_INLINE void load8(float (&v)[8], GemmConfig const& cfg,
-                                  unsigned char const* staging, std::uint32_t r, std::uint32_t c) {
-  auto const* p = reinterpret_cast<float4 const*>(staging + r * staging_row_stride(cfg) + c * 4u);
-  float4 const x = p[0], y = p[1];
+// Split-K, the last split on the wgmma path, after publish_partial: thread 0 brings the other
+// partials into `scratch` (shared memory beside the staged tile) with one bulk copy per split, as
+// many rows at a time as fit, and the consumers add them from there: one round trip to L2 per
+// pass instead of one per few loads. Returns false when the copies' wait failed (recorded).
+__device__ inline bool sum_partials_bulk(GemmOperands const& op, TileJob const& job,
+                                         unsigned char* staging, unsigned char* scratch,
+                                         std::uint32_t scratch_bytes, std::uint64_t* bar,
+                                         TaskContext const& ctx, unsigned thread) {
+  GemmConfig const cfg = op.config;
+  RawTile const raw = RawTile::of(cfg, staging);
+  std::uint32_t const row_bytes = cfg.block_n * 4u, others = cfg.splits - 1u;
+  std::uint32_t const pass_rows = min(job.rows, scratch_bytes / (others * row_bytes));
+  std::uint32_t const loaded = ptx::smem_address(scratch), split = job.split;
+  float const* const tiles = partial_tiles(op, job);
+  std::uint32_t phase = 0;
+  for (std::uint32_t row0 = 0; row0 < job.rows; row0 += pass_rows, phase ^= 1u) {
+    std::uint32_t const rows = min(pass_rows, job.rows - row0), bytes = rows * row_bytes;
+    if (thread == 0) {
+      // The partials were stored by other blocks (generic proxy) and acquired by publish_partial.
+      ptx::fence_proxy_async_global();
+      ptx::mbarrier_arrive_expect_tx(bar, others * bytes);
+      for (std::uint32_t s = 0, into = 0; s < cfg.splits; ++s) {
+        if (s == split) continue;
+        ptx::bulk_load(scratch + into++ * bytes,
+                       tiles + (std::size_t{s} * cfg.block_m + row0) * cfg.block_n, bytes, bar);
+      }
+    }
+    if (!wait_barrier(bar, phase, ctx, kPartialsBarrier)) return false;
+    add_partials(cfg.splits, split, raw, row0, rows, thread, [&](std::uint32_t s, std::uint32_t i) {
+      return as_float4(ptx::ld_shared_v4(loaded + (s < split ? s : s - 1u) * bytes + i * 16u));
+    });
+    // Every thread's reads of the scratch come before the next pass's copies overwrite it.
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(kEpilogueBarrier, kConsumerThreads);
+  }
+  return true;
+}
+
+// Eight consecutive raw values at shared address `addr`.
+__device__ LOOM_INLINE void load8(float (&v)[8], std::uint32_t addr) {
+  float4 const x = as_float4(ptx::ld_shared_v4(addr)), y = as_float4(ptx::ld_shared_v4(addr + 16u));
   v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
 }
 
@@ -334,9 +422,12 @@ __device__ LOOM_INLINE void add_bias8(float (&v)[8], float const* bias, std::uin
 // alignment of bias + expert * n + n0, which n % 8 == 0 gives for a cudaMalloc'd bias.
 __device__ inline void finish_rows(GemmOperands const& op, TileJob const& job,
                                    unsigned char* staging, unsigned warp, unsigned lane) {
-  GemmConfig const& cfg = op.config;
-  bool const swiglu = op.activation == GemmActivation::swiglu;
-  std::uint32_t const stride = staging_row_stride(cfg);
+  // The operand fields in registers before the loop, which runs on 8 warps.
+  GemmConfig const cfg = op.config;
+  GemmActivation const act = op.activation;
+  float const* const row_scale = op.row_scale;
+  bool const swiglu = act == GemmActivation::swiglu;
+  std::uint32_t const stride = staging_row_stride(cfg), base = ptx::smem_address(staging);
   std::uint32_t const lanes_per_row = cfg.block_n / (swiglu ? 16u : 8u);  // 4 .. 32
   std::uint32_t const rows_per_pass = 32u / lanes_per_row;
   std::uint32_t const sub = lane / lanes_per_row, l = lane % lanes_per_row;
@@ -344,38 +435,42 @@ __device__ inline void finish_rows(GemmOperands const& op, TileJob const& job,
   std::uint32_t const bias_cols = op.n - job.n0;
   bool const bf16_out = op.output == OutputType::bf16;
   for (std::uint32_t r0 = warp * rows_per_pass; r0 < job.rows; r0 += 8u * rows_per_pass) {
-    std::uint32_t const r = r0 + sub;
+    std::uint32_t const r = r0 + sub, row = base + r * stride;
     bool const live = r < job.rows;
-    float out[8];
+    // The finished outputs, packed before the warp's reads end: bf16 in lo, fp32 in lo and hi.
+    uint4 lo{}, hi{};
     if (live) {
-      float const scale = op.row_scale ? op.row_scale[job.a_row0 + r] : 1.0f;
+      float out[8];
+      float const scale = row_scale ? row_scale[job.a_row0 + r] : 1.0f;
       if (swiglu) {
         float gate[8], up[8];
-        load8(gate, cfg, staging, r, 16u * l);
-        load8(up, cfg, staging, r, 16u * l + 8u);
+        load8(gate, row + 64u * l);
+        load8(up, row + 64u * l + 32u);
         add_bias8(gate, bias, 16u * l, bias_cols);
         add_bias8(up, bias, 16u * l + 8u, bias_cols);
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = fast::swiglu(gate[i], up[i]) * scale;
       } else {
-        load8(out, cfg, staging, r, 8u * l);
+        load8(out, row + 32u * l);
         add_bias8(out, bias, 8u * l, bias_cols);
-        GemmActivation const act = op.activation;
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = fast::activate(act, out[i]) * scale;
+      }
+      if (bf16_out) {
+        lo = make_uint4(pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]),
+                        pack_bf16x2(out[4], out[5]), pack_bf16x2(out[6], out[7]));
+      } else {
+        lo = as_uint4(make_float4(out[0], out[1], out[2], out[3]));
+        hi = as_uint4(make_float4(out[4], out[5], out[6], out[7]));
       }
     }
     __syncwarp();
     if (live) {
-      unsigned char* const dst = staging + r * stride;
       if (bf16_out) {
-        uint4 const packed = make_uint4(pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]),
-                                        pack_bf16x2(out[4], out[5]), pack_bf16x2(out[6], out[7]));
-        *reinterpret_cast<uint4*>(dst + l * 16u) = packed;
+        ptx::st_shared_v4(row + l * 16u, lo);
       } else {
-        auto* const d = reinterpret_cast<float4*>(dst + l * 32u);
-        d[0] = make_float4(out[0], out[1], out[2], out[3]);
-        d[1] = make_float4(out[4], out[5], out[6], out[7]);
+        ptx::st_shared_v4(row + l * 32u, lo);
+        ptx::st_shared_v4(row + l * 32u + 16u, hi);
       }
     }
     __syncwarp();

@@ -23,6 +23,11 @@ LOOM_DEVICE LOOM_INLINE uint4 ld_shared_v4(std::uint32_t addr) {
   return v;
 }
 
+LOOM_DEVICE LOOM_INLINE void st_shared_v4(std::uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w));
+}
+
 LOOM_DEVICE LOOM_INLINE void st_shared_b32(std::uint32_t addr, std::uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
 }

@@ -83,6 +83,13 @@ LOOM_DEVICE LOOM_INLINE void tma_load_3d(void* dst, void const* tensor_map, std:
                                   tensor_map, coords, bar);
 }
 
+// cp.async.bulk global -> shared: `bytes` (a multiple of 16; both addresses 16-byte aligned) from
+// `src` into `dst`, completing on `bar` as transaction bytes. One thread.
+LOOM_DEVICE LOOM_INLINE void bulk_load(void* dst, void const* src, std::uint32_t bytes,
+                                       std::uint64_t* bar) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src, bytes, bar);
+}
+
 // cp.async.bulk.tensor.2d shared -> global: the box at shared address `src` (laid out as a load
 // of the same map would leave it) to coordinates {c0, c1} of `tensor_map`; elements past the map's
 // extents are not written. One thread; joins this thread's open bulk group (bulk_commit_group).
@@ -119,6 +126,13 @@ LOOM_DEVICE LOOM_INLINE void bulk_wait_all_written() {
 // (TMA writes, wgmma reads) of the same memory; each writing thread, before the block barrier.
 LOOM_DEVICE LOOM_INLINE void fence_proxy_async_shared() {
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
+// Orders global-memory accesses this thread has made or acquired through the generic proxy
+// (plain loads and stores, other blocks' stores seen through an acquire) before its later
+// async-proxy accesses of the same memory (bulk copies).
+LOOM_DEVICE LOOM_INLINE void fence_proxy_async_global() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
 }
 
 }  // namespace loom::tasks::gemm::ptx
