@@ -18,6 +18,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "runtime/atomic.hpp"
 #include "tasks/gemm/device/pipeline_wait.cuh"
 #include "tasks/gemm/device/tile_job.cuh"
@@ -146,20 +148,29 @@ __device__ LOOM_INLINE void finish_fragments(float const (&acc)[WN / 2], GemmOpe
                     });
 }
 
+// f(std::integral_constant<GemmActivation, act>{}): the run-time activation as a template
+// argument, so that each epilogue compiles its formulas once per activation.
+template <class F>
+__device__ LOOM_INLINE void with_activation(GemmActivation act, F const& f) {
+  switch (act) {
+    case GemmActivation::swiglu:
+      return f(std::integral_constant<GemmActivation, GemmActivation::swiglu>{});
+    case GemmActivation::relu:
+      return f(std::integral_constant<GemmActivation, GemmActivation::relu>{});
+    case GemmActivation::gelu_tanh:
+      return f(std::integral_constant<GemmActivation, GemmActivation::gelu_tanh>{});
+    default:
+      return f(std::integral_constant<GemmActivation, GemmActivation::none>{});
+  }
+}
+
 template <int WN>
 __device__ LOOM_INLINE void finish_fragments(float const (&acc)[WN / 2], GemmOperands const& op,
                                              TileJob const& job, WarpTile const& wt, unsigned lane,
                                              std::uint32_t staging) {
-  switch (op.activation) {
-    case GemmActivation::swiglu:
-      return finish_fragments<WN, GemmActivation::swiglu>(acc, op, job, wt, lane, staging);
-    case GemmActivation::relu:
-      return finish_fragments<WN, GemmActivation::relu>(acc, op, job, wt, lane, staging);
-    case GemmActivation::gelu_tanh:
-      return finish_fragments<WN, GemmActivation::gelu_tanh>(acc, op, job, wt, lane, staging);
-    default:
-      return finish_fragments<WN, GemmActivation::none>(acc, op, job, wt, lane, staging);
-  }
+  with_activation(op.activation, [&](auto act) {
+    finish_fragments<WN, decltype(act)::value>(acc, op, job, wt, lane, staging);
+  });
 }
 
 // Whether a run task's tiles of this width and activation can be stored with TMA: a warpgroup's
@@ -229,20 +240,10 @@ __device__ LOOM_INLINE void store_tile_boxes(float const (&acc)[WN / 2], GemmOpe
                                              TileJob const& job, WarpTile const& wt, unsigned lane,
                                              unsigned group_thread, std::uint32_t buffers,
                                              std::uint32_t& boxes) {
-  switch (op.activation) {
-    case GemmActivation::swiglu:
-      return store_tile_boxes<WN, GemmActivation::swiglu>(acc, op, job, wt, lane, group_thread,
-                                                          buffers, boxes);
-    case GemmActivation::relu:
-      return store_tile_boxes<WN, GemmActivation::relu>(acc, op, job, wt, lane, group_thread,
-                                                        buffers, boxes);
-    case GemmActivation::gelu_tanh:
-      return store_tile_boxes<WN, GemmActivation::gelu_tanh>(acc, op, job, wt, lane, group_thread,
-                                                             buffers, boxes);
-    default:
-      return store_tile_boxes<WN, GemmActivation::none>(acc, op, job, wt, lane, group_thread,
-                                                        buffers, boxes);
-  }
+  with_activation(op.activation, [&](auto act) {
+    store_tile_boxes<WN, decltype(act)::value>(acc, op, job, wt, lane, group_thread, buffers,
+                                               boxes);
+  });
 }
 
 // Split-K pass 1, one consumer warp: its 16 x WN fragment as fp32 into the staging tile.
@@ -431,7 +432,7 @@ __device__ inline void finish_rows(GemmOperands const& op, TileJob const& job,
   std::uint32_t const lanes_per_row = cfg.block_n / (swiglu ? 16u : 8u);  // 4 .. 32
   std::uint32_t const rows_per_pass = 32u / lanes_per_row;
   std::uint32_t const sub = lane / lanes_per_row, l = lane % lanes_per_row;
-  float const* const bias = op.bias ? op.bias + std::size_t{job.expert} * op.n + job.n0 : nullptr;
+  float const* const bias = tile_bias(op, job);
   std::uint32_t const bias_cols = op.n - job.n0;
   bool const bf16_out = op.output == OutputType::bf16;
   for (std::uint32_t r0 = warp * rows_per_pass; r0 < job.rows; r0 += 8u * rows_per_pass) {
