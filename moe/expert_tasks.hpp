@@ -63,6 +63,7 @@ LOOM_HD inline typename Gemm::Payload gemm_tile(TilePayload const& p,
   g.slot = 0;
   g.rows = p.rows;
   g.split = 0;
+  g.b_l2 = p.b_l2;
   return g;
 }
 

@@ -21,6 +21,9 @@ struct TilePayload {
   // The GEMM operands the tile runs on (TileOps::of), chosen when it is emitted, so that the
   // tile's start does not wait for a read of the view.
   tasks::gemm::GemmOperands const* ops;
+  // evict_first for the tiles of an expert's only M-tile (MTileGroup::sole): no other tile of
+  // the call reads its weight tiles.
+  tasks::gemm::L2Hint b_l2 = tasks::gemm::L2Hint::normal;
 };
 
 // The GEMM operands of one projection's tiles: the view's, and on a layer with a short view
@@ -42,9 +45,11 @@ LOOM_HD inline TileOps down_tile_ops(MoEView const& v) {
 }
 
 // A group of an expert's M-tiles (MoEView::mtile_group): its first M-tile, how many, and the
-// rows they hold. `slot` (the group's first global M-tile) indexes its arrival counters.
+// rows they hold. `slot` (the group's first global M-tile) indexes its arrival counters. `sole`:
+// the expert's only M-tile in the call.
 struct MTileGroup {
   std::uint32_t expert, first, mtiles, rows, slot;
+  bool sole;
 };
 LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
                                          std::uint32_t local_tile) {
@@ -52,7 +57,12 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
   std::uint32_t const first = local_tile / v.mtile_group * v.mtile_group;
   std::uint32_t const left = count - first * v.tile_rows, most = v.mtile_group * v.tile_rows;
   std::uint32_t const rows = left < most ? left : most;
-  return {e, first, (rows + v.tile_rows - 1) / v.tile_rows, rows, v.tile_base[e] + first};
+  return {e,
+          first,
+          (rows + v.tile_rows - 1) / v.tile_rows,
+          rows,
+          v.tile_base[e] + first,
+          count <= v.tile_rows};
 }
 
 // Task i of `type` over a group's tiles, one per (N-tile, M-tile) in N-tile-major order: the
@@ -66,7 +76,8 @@ LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, TileOps con
       type, TilePayload{&v, v.offsets[g.expert] + (g.first + m) * v.tile_rows, g.slot + m,
                         static_cast<std::uint16_t>(rows), static_cast<std::uint16_t>(g.expert),
                         static_cast<std::uint16_t>(n), static_cast<std::uint16_t>(m),
-                        static_cast<std::uint16_t>(g.mtiles), ops.of(rows)});
+                        static_cast<std::uint16_t>(g.mtiles), ops.of(rows),
+                        g.sole ? tasks::gemm::L2Hint::evict_first : tasks::gemm::L2Hint::normal});
 }
 // Emits the group's tiles of `type`, on `ops` (one thread).
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,

@@ -59,6 +59,8 @@ struct GemmTileCoord {
   std::uint32_t split = 0;   // K split, 0..splits-1
   std::uint32_t slot = 0;    // split-K workspace slot (unique per tile in flight); 0 if no split
   std::uint64_t sink_tag = 0;
+  // How its loads of B rank in L2: evict_first when no other tile reads its columns of B.
+  gemm::L2Hint b_l2 = gemm::L2Hint::normal;
 };
 
 // A task type for GEMMs that never split K (kSplitK = false) compiles none of split-K's epilogue
@@ -94,6 +96,7 @@ struct GemmTileTask {
     std::uint16_t rows;
     std::uint16_t split;
     std::uint16_t count = 1;  // N-tiles in the run, >= 1
+    gemm::L2Hint b_l2 = gemm::L2Hint::normal;
   };
   static_assert(sizeof(Payload) <= 48);
 
@@ -136,6 +139,7 @@ struct GemmTileTask {
     p.rows = static_cast<std::uint16_t>(t.rows);
     p.split = static_cast<std::uint16_t>(t.split);
     p.count = static_cast<std::uint16_t>(t.count);
+    p.b_l2 = t.b_l2;
     return p;
   }
 
@@ -280,6 +284,7 @@ struct GemmTileTask {
     job.k_block_begin = p.split * per;
     job.k_block_count = min(per, k_blocks - job.k_block_begin);
     job.sink_tag = p.sink_tag;
+    job.b_l2 = p.b_l2;
     switch (cfg.warp_n()) {
       case 64:
         run<64>(op, job, p.count, ctx);

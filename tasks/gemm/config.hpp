@@ -30,6 +30,12 @@ enum class GemmActivation : std::uint8_t { none = 0, relu = 1, gelu_tanh = 2, sw
 // 16-byte loads, one stage, ldmatrix + mma.sync.m16n8k16; the correctness fallback.
 enum class MmaPath : std::uint8_t { wgmma = 0, mma_sync = 1 };
 
+// How a tile's TMA loads of B rank their lines in L2 (PTX createpolicy). evict_first: no other
+// tile of the GEMM reads these columns of B (a GEMM of one M-tile, an expert's only M-tile), so
+// their lines go before those other tiles still read (A rows, outputs, weights an expert's other
+// M-tiles share). A hint that never changes a result; the mma.sync path has no TMA and ignores it.
+enum class L2Hint : std::uint8_t { normal = 0, evict_first = 1 };
+
 inline constexpr std::uint32_t kBlockK = 64;             // bf16 elements per K block
 inline constexpr std::uint32_t kRowBytes = kBlockK * 2;  // one swizzle row: 128 bytes
 inline constexpr std::uint32_t kMaxStages = 8;

@@ -20,7 +20,8 @@ inline constexpr std::uint32_t kRasterGroupM = 16;  // row tiles swept together 
 
 // Payloads of the tiles of `block`: ceil(rows / block_m) row tiles x n tiles x splits, in grouped
 // raster order (groups of `group_m` row tiles; within a group n outer, rows inner; the splits of a
-// tile adjacent), so the tiles running at once share A and B panels in L2. Split tiles take
+// tile adjacent), so the tiles running at once share A and B panels in L2; with a single row
+// tile, B is read once and its loads are evict_first (L2Hint). Split tiles take
 // workspace slots from `next_slot` on. run > 1 (no split-K): each task takes a run of up to `run`
 // consecutive n tiles of its row tile.
 template <class Task = GemmTile>
@@ -33,6 +34,8 @@ std::vector<typename Task::Payload> gemm_tile_payloads(
   out.reserve(std::size_t{m_tiles} * op.n_tiles() * cfg.splits);
   if (group_m == 0) group_m = 1;
   if (run == 0) run = 1;
+  // With one row tile, each tile's columns of B are read by that tile alone.
+  L2Hint const b_l2 = m_tiles == 1 ? L2Hint::evict_first : L2Hint::normal;
   for (std::uint32_t g0 = 0; g0 < m_tiles; g0 += group_m) {
     std::uint32_t const g1 = std::min(m_tiles, g0 + group_m);
     for (std::uint32_t nt = 0; nt < op.n_tiles(); nt += run) {
@@ -45,6 +48,7 @@ std::vector<typename Task::Payload> gemm_tile_payloads(
         c.n_tile = nt;
         c.count = std::min(run, op.n_tiles() - nt);
         c.slot = cfg.splits > 1 ? next_slot++ : 0;
+        c.b_l2 = b_l2;
         for (std::uint32_t s = 0; s < cfg.splits; ++s) {
           c.split = s;
           out.push_back(Task::payload(op, device_op, c));

@@ -230,6 +230,26 @@ TEST(GemmHost, TaskTypesWithoutSplitKRefuseSplits) {
   EXPECT_TRUE(NoSplit::bad_payload(p, split));  // operands changed after the payload was made
 }
 
+// B's loads are evict_first exactly when the GEMM has one row tile: then no other tile reads a
+// tile's columns of B (split-K's splits read disjoint K blocks).
+TEST(GemmHost, OnlyAGemmOfOneRowTileStreamsB) {
+  Fp32Operands const o(300, 256, 256);
+  g::GemmConfig cfg;
+  cfg.block_m = 128, cfg.block_n = 64;
+  for (std::uint32_t splits : {1u, 2u}) {
+    cfg.splits = splits;
+    g::GemmOperands op = g::make_operands(o.d, cfg);
+    op.slots = 64;
+    for (std::uint32_t rows : {1u, 128u, 129u, 300u}) {
+      std::uint32_t slot = 0;
+      auto const tiles = g::gemm_tile_payloads<GemmTile>(op, &op, {0, 0, 0, rows}, slot);
+      ASSERT_EQ(tiles.size(), std::size_t{(rows + 127) / 128} * 4 * splits);
+      g::L2Hint const want = rows <= 128 ? g::L2Hint::evict_first : g::L2Hint::normal;
+      for (auto const& p : tiles) EXPECT_EQ(p.b_l2, want) << rows << " rows, split " << p.split;
+    }
+  }
+}
+
 // C's rows bound the run task's TMA stores: a_rows unless given.
 TEST(GemmHost, CRowsDefaultToTheRowsOfA) {
   std::vector<g::Bf16> a(64 * 128), b(256 * 128), c(96 * 256);

@@ -234,7 +234,7 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   // is N-tile 1 of its second M-tile, which holds the last 47 rows.
   std::uint32_t offsets[] = {0, 120, 300, 475};
   shapes.main.offsets = offsets;
-  loom::Task const task = group_tile(5, shapes.main, up, MTileGroup{2, 0, 2, 175, 7}, 3);
+  loom::Task const task = group_tile(5, shapes.main, up, MTileGroup{2, 0, 2, 175, 7, false}, 3);
   TilePayload p;
   std::memcpy(&p, task.payload, sizeof p);
   EXPECT_EQ(task.header.type, 5u);
@@ -247,6 +247,18 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   EXPECT_EQ(p.group_m, 1u);
   EXPECT_EQ(p.group_mtiles, 2u);
   EXPECT_EQ(p.ops, &up_short);
+  EXPECT_EQ(p.b_l2, loom::tasks::gemm::L2Hint::normal);  // the first M-tile reads the same weights
+  // An expert's only M-tile streams its weights: its B loads are evict_first.
+  std::uint32_t tile_base[] = {0, 1, 3, 5};
+  shapes.main.tile_base = tile_base;
+  ASSERT_EQ(shapes.main.tile_rows, 128u);
+  MTileGroup const sole = mtile_group_of(shapes.main, 0, 0);  // 120 rows
+  EXPECT_TRUE(sole.sole);
+  EXPECT_FALSE(mtile_group_of(shapes.main, 1, 1).sole);  // 180 rows: two M-tiles
+  EXPECT_FALSE(mtile_group_of(shapes.main, 2, 0).sole);
+  std::memcpy(&p, group_tile(5, shapes.main, up, sole, 0).payload, sizeof p);
+  EXPECT_EQ(p.rows, 120u);
+  EXPECT_EQ(p.b_l2, loom::tasks::gemm::L2Hint::evict_first);
   MoEConfig small = small_config(Activation::swiglu, 4, 2);
   small.max_tokens = 40;  // 64-row tiles: no short view
   LayerShapes const one = make_layer_shapes(small, loom::tasks::gemm::MmaPath::wgmma);

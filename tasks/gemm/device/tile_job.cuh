@@ -14,6 +14,7 @@ struct TileJob {
   std::uint32_t k_block_begin;  // this split's K blocks
   std::uint32_t k_block_count;
   std::uint64_t sink_tag;
+  L2Hint b_l2;  // how the producer's loads of B rank in L2
 };
 
 // Consumer warp `warp` (0..7) of the block holds a 16 x warp_n fragment of the tile: rows

@@ -83,6 +83,26 @@ LOOM_DEVICE LOOM_INLINE void tma_load_3d(void* dst, void const* tensor_map, std:
                                   tensor_map, coords, bar);
 }
 
+// A cache policy for `.L2::cache_hint` copies (tma_load_3d_hint): the lines they touch are the
+// first to be evicted. One instruction; make it once per tile.
+LOOM_DEVICE LOOM_INLINE std::uint64_t l2_policy_evict_first() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// tma_load_3d with an L2 cache policy (l2_policy_evict_first). libcu++'s cuda::ptx has no
+// cache-hint form of the tensor copy, hence raw PTX. One thread.
+LOOM_DEVICE LOOM_INLINE void tma_load_3d_hint(void* dst, void const* tensor_map, std::int32_t c0,
+                                              std::int32_t c1, std::int32_t c2, std::uint64_t* bar,
+                                              std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
 // cp.async.bulk global -> shared: `bytes` (a multiple of 16; both addresses 16-byte aligned) from
 // `src` into `dst`, completing on `bar` as transaction bytes. One thread.
 LOOM_DEVICE LOOM_INLINE void bulk_load(void* dst, void const* src, std::uint32_t bytes,
