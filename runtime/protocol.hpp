@@ -122,10 +122,11 @@ LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, 
 // A processor's side of the doorbell protocol (the CPU executor's processor thread, the GPU
 // processor block's thread 0). See report_word in state.hpp for the credit.
 inline constexpr std::uint32_t kRingPolls = 4;
-// A launch's first task counts as following a long one: it prefetches. The phase that opens a
-// launch is often a few waves of equal tasks (the MoE route); without this, each processor's
-// second task waited for its first to end and for the scheduler's round trip after it.
-inline constexpr std::uint64_t kFirstTaskNs = ~std::uint64_t{0} - 1;
+// A launch's first task counts as following one longer than any prefetch_after_ns: it
+// prefetches (unless prefetch is off, kNoPrefetch, which take_next_task tests first). The phase
+// that opens a launch is often a few waves of equal tasks (the MoE route); without this, each
+// processor's second task waited for its first to end and for the scheduler's round trip after it.
+inline constexpr std::uint64_t kFirstTaskNs = ~std::uint64_t{0};
 // Trivially constructible, so that a GPU processor block can keep it in shared memory.
 struct ProcessorLink {
   std::uint32_t me;

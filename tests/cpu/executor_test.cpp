@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "tests/cpu/test_graphs.hpp"
+#include "tests/wave_task.hpp"
 
 namespace loom::test {
 namespace {
@@ -80,56 +81,28 @@ TEST_F(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
   }
 }
 
-// Two waves of equal tasks on P processors with prefetch after 1 ms: the first P tasks wait for
-// one another to start, then end one by one (20 ms apart); the other P take 200 ms. A launch's
-// first task prefetches (kFirstTaskNs), so every processor has its second task queued while it
-// runs its first, and each runs two. When the first task did not prefetch, the processor that
-// ended its first task first took a second and, as it started it, handed over a prefetch credit
-// that was served before the others ended theirs: 3, 3, 1 and 1 tasks.
-struct Wave {
-  static constexpr char const* name = "wave";
-  static constexpr unsigned threads = 64;
-  static constexpr unsigned shared_bytes = 0;
-  struct Run {
-    std::uint32_t processors = 0;
-    std::atomic<std::uint32_t> started{0};
-    std::atomic<std::uint32_t> ran[8] = {};
-    std::atomic<bool> timed_out{false};
-  };
-  struct Payload {
-    Run* run;
-  };
-  static void host(Payload const& p, TaskContext& ctx) {
-    Run& run = *p.run;
-    std::uint32_t const order = run.started.fetch_add(1);
-    run.ran[ctx.actor_index() % 8].fetch_add(1);
-    using namespace std::chrono;
-    if (order >= run.processors) return std::this_thread::sleep_for(milliseconds(200));
-    auto const give_up = steady_clock::now() + seconds(20);
-    while (run.started.load() < run.processors)
-      if (steady_clock::now() > give_up) return run.timed_out.store(true);
-    std::this_thread::sleep_for(milliseconds(20) * (order + 1));
-  }
-};
+// Two waves of equal tasks on P processors with prefetch after 1 ms (tests/wave_task.hpp): the
+// first P tasks end 20 ms apart, the other P take 200 ms. When the first task did not prefetch,
+// the processor that ended its first task first took a second and, as it started it, handed over
+// a prefetch credit that was served before the others ended theirs: 3, 3, 1 and 1 tasks.
 using WavePipeline = Pipeline<Wave>;
 
 TEST_F(Executor, TwoWavesOfEqualTasksGiveEveryProcessorTwo) {
   constexpr std::uint32_t processors = 4;
-  Wave::Run run;
-  run.processors = processors;
+  std::uint32_t started = 0, timed_out = 0, ran[processors] = {};
+  Wave::Payload const wave{&started, ran, &timed_out, processors, 20'000, 200'000, 20'000'000};
   GraphBuilder b;
-  for (std::uint32_t i = 0; i < 2 * processors; ++i)
-    b.add_task(WavePipeline::make<Wave>(Wave::Payload{&run}));
+  for (std::uint32_t i = 0; i < 2 * processors; ++i) b.add_task(WavePipeline::make<Wave>(wave));
   CpuOptions o = options_with(processors);
   o.prefetch_after_ns = 1'000'000;
   CpuExecutor<WavePipeline> ex(one_rank(b.build()), o);
   for (int launch = 0; launch < 2; ++launch) {
-    run.started = 0;
-    for (auto& n : run.ran) n = 0;
+    started = 0;
+    for (auto& n : ran) n = 0;
     ex.run(SchedulingPolicy::fifo);
-    ASSERT_FALSE(run.timed_out.load()) << "the first wave never started together";
+    ASSERT_EQ(timed_out, 0u) << "the first wave never started together";
     for (std::uint32_t p = 0; p < processors; ++p)
-      EXPECT_EQ(run.ran[p].load(), 2u) << "processor " << p << ", launch " << launch;
+      EXPECT_EQ(ran[p], 2u) << "processor " << p << ", launch " << launch;
   }
 }
 

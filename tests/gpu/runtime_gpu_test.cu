@@ -10,6 +10,7 @@
 #include "runtime/runtime.hpp"
 #include "tasks/empty.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
+#include "tests/wave_task.hpp"
 
 namespace loom_gpu_test {
 
@@ -114,37 +115,8 @@ struct Stuck {
   }
 };
 
-// Two waves of P tasks on P processors (see the CPU suite's twin in executor_test.cpp): the first
-// wave waits until all of it has started, then ends one task every 20 µs in start order; the
-// second takes 10 ms. Each processor counts the tasks it ran.
-struct Wave {
-  static constexpr char const* name = "wave";
-  static constexpr unsigned threads = 128;
-  static constexpr unsigned shared_bytes = 0;
-  struct Payload {
-    std::uint32_t* started;  // tickets
-    std::uint32_t* ran;      // [processors]
-    std::uint32_t* timed_out;
-    std::uint32_t processors;
-  };
-  static void host(Payload const&, TaskContext&) {}
-  __device__ static void device(Payload const& p, TaskContext& ctx) {
-    if (threadIdx.x != 0) return;
-    std::uint32_t const order = atomicAdd(p.started, 1u);
-    atomicAdd(p.ran + ctx.actor_index(), 1u);
-    std::uint64_t const t0 = loom::now_ns();
-    auto spin_until = [](std::uint64_t t) {
-      while (loom::now_ns() < t) {
-      }
-    };
-    if (order >= p.processors) return spin_until(t0 + 10'000'000);
-    while (*static_cast<std::uint32_t const volatile*>(p.started) < p.processors)
-      if (loom::now_ns() > t0 + 2'000'000'000) return void(atomicExch(p.timed_out, 1u));
-    spin_until(loom::now_ns() + 20'000ull * (order + 1));
-  }
-};
-
 using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn, Check, FailWhen>;
+using loom::test::Wave;  // tests/wave_task.hpp
 using WavePipeline = loom::Pipeline<Wave>;
 using HugePipeline = loom::Pipeline<Huge>;
 using StuckPipeline = loom::Pipeline<Stuck>;
@@ -443,15 +415,16 @@ TEST(GpuRuntime, BlockEmissionRunsEveryTaskOnce) {
 }
 
 // The first task of a launch prefetches, so every processor has its second task queued while it
-// runs its first, and each runs two (see the CPU twin in executor_test.cpp).
+// runs its first, and each runs two (tests/wave_task.hpp): the first wave's tasks end 20 µs apart,
+// the second's take 10 ms.
 TEST(GpuRuntime, TwoWavesOfEqualTasksGiveEveryProcessorTwo) {
   LOOM_REQUIRE_GPU();
   std::uint32_t const processors = loom::GpuExecutor<WavePipeline>::launch_shape().grid - 1;
   loom::DeviceBuffer<std::uint32_t> started(1), timed_out(1), ran(processors);
   GraphBuilder b;
   for (std::uint32_t i = 0; i < 2 * processors; ++i)
-    b.add_task(WavePipeline::make<Wave>(
-        Wave::Payload{started.get(), ran.get(), timed_out.get(), processors}));
+    b.add_task(WavePipeline::make<Wave>(Wave::Payload{started.get(), ran.get(), timed_out.get(),
+                                                      processors, 20, 10'000, 2'000'000}));
   loom::GpuExecutor<WavePipeline> ex(b.build());
   ASSERT_EQ(ex.processors(), processors);
   for (int launch = 0; launch < 3; ++launch) {
