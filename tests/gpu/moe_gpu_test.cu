@@ -22,6 +22,21 @@ using moe_test::config;
 
 class GpuMoE : public ::testing::TestWithParam<Case> {};
 
+// One call of `layer` with the caller's routing (ids, wts: [tokens][top_k]) on tokens x, its
+// output poisoned first (NaN): the relative error against the float64 reference.
+double given_routing_error(GpuMoELayer& layer, MoEConfig const& c, MoEWeights const& w,
+                           std::vector<bf16> const& x, std::uint32_t tokens,
+                           std::vector<std::int32_t> const& ids, std::vector<float> const& wts) {
+  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+  loom::DeviceBuffer<std::int32_t> dids(ids);
+  loom::DeviceBuffer<float> dw(wts);
+  dout.fill_bytes(0xFF);
+  layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
+  layer.check();
+  return relative_error(dout.download(),
+                        reference_moe(c, w, x.data(), tokens, ids.data(), wts.data()));
+}
+
 TEST_P(GpuMoE, FusedRouterMatchesFloat64Reference) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = GetParam().config;
@@ -144,7 +159,6 @@ TEST(GpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(c, seed);
   auto const x = random_tokens(c, tokens, seed);
-  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
   GpuMoELayer layer(c, w);
   std::mt19937 rng(static_cast<unsigned>(seed));
   std::uniform_real_distribution<float> weight(0.1f, 1.0f);
@@ -155,15 +169,8 @@ TEST(GpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
     ids[2 * t + 1] = t % 7 == 0 ? 3 : 2;  // most tokens, and a few to a third expert
     wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
   }
-  loom::DeviceBuffer<std::int32_t> dids(ids);
-  loom::DeviceBuffer<float> dw(wts);
-  auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
-  for (int call = 0; call < 3; ++call) {
-    dout.fill_bytes(0xFF);
-    layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
-    layer.check();
-    EXPECT_LT(relative_error(dout.download(), ref), 1e-2) << "call " << call;
-  }
+  for (int call = 0; call < 3; ++call)
+    EXPECT_LT(given_routing_error(layer, c, w, x, tokens, ids, wts), 1e-2) << "call " << call;
 }
 
 // A layer built with tall M-tiles runs the calls of few tokens on short ones (the plan picks the
@@ -184,20 +191,13 @@ TEST(GpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
     SCOPED_TRACE("tokens " + std::to_string(tokens));
     auto const x = random_tokens(c, tokens, rng());
     auto const [ids, wts] = checks::skewed_top2_of_4(tokens, rng);
-    loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
-    loom::DeviceBuffer<std::int32_t> dids(ids);
-    loom::DeviceBuffer<float> dw(wts);
     std::uint32_t const rows = layer.mtile_rows(tokens);
     // Caller routing, then the fused router on the same tokens.
-    dout.fill_bytes(0xFF);
-    layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
-    layer.check();
-    EXPECT_LT(relative_error(dout.download(),
-                             reference_moe(c, w, x.data(), tokens, ids.data(), wts.data())),
-              1e-2);
+    EXPECT_LT(given_routing_error(layer, c, w, x, tokens, ids, wts), 1e-2);
     std::uint32_t expected = 0;
     for (std::uint32_t n : layer.expert_tokens()) expected += (n + rows - 1) / rows;
     EXPECT_EQ(layer.mtiles(), expected) << rows << "-row M-tiles";
+    loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
     dout.fill_bytes(0xFF);
     layer.forward(dx.get(), tokens, dout.get());
     layer.check();
@@ -223,15 +223,8 @@ TEST(GpuMoE, LastMTilesOfFewRowsRunOnTheShortOperands) {
   ASSERT_EQ(layer.mtile_rows(tokens), 128u);
   auto const x = random_tokens(c, tokens, rng());
   auto const [ids, wts] = checks::top2_with_counts(checks::kMixedLastTiles, tokens, rng);
-  loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
-  loom::DeviceBuffer<std::int32_t> dids(ids);
-  loom::DeviceBuffer<float> dw(wts);
-  auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
   for (int call = 0; call < 3; ++call) {
-    dout.fill_bytes(0xFF);
-    layer.forward(dx.get(), tokens, dids.get(), dw.get(), dout.get());
-    layer.check();
-    EXPECT_LT(relative_error(dout.download(), ref), 1e-2) << "call " << call;
+    EXPECT_LT(given_routing_error(layer, c, w, x, tokens, ids, wts), 1e-2) << "call " << call;
     EXPECT_EQ(layer.expert_tokens(), checks::kMixedLastTiles);
     EXPECT_EQ(layer.mtiles(), 2u + 3u + 2u + 5u);
   }
