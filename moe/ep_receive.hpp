@@ -141,12 +141,7 @@ struct CombineArrived {
     std::uint32_t const more = static_cast<std::uint32_t>(cuda::std::popcount(p.blocks)) - 1;
     if (more != 0 && !ctx.emit_many_by_block(more, [&](std::uint32_t i) { return rest(p, i); }))
       return;
-    combine_first(BlockPayload{p.view, p.first + nth_set_bit(p.blocks, 0)}, ctx);
-  }
-  // Not inlined: a second inline copy of the combine (the kernel's switch has one) nearly
-  // doubled the kernel's spill code.
-  __device__ __noinline__ static void combine_first(BlockPayload const& p, TaskContext& ctx) {
-    CombineTokens::device(p, ctx);
+    CombineTokens::device(BlockPayload{p.view, p.first + nth_set_bit(p.blocks, 0)}, ctx);
   }
 #endif
 };

@@ -263,8 +263,13 @@ struct CombineTokens {
   // The block's routing words go to shared memory once. Each thread then combines 8 columns of
   // kLoads / K items (token, column group) at a time, where K >= top_k is a compile-time slot
   // count: every 16-byte read of y for those items is issued before the first is used.
+  //
+  // A call, not inlined into the kernel's switch: there its loads and sums share the registers of
+  // everything live around the switch, and in the expert-parallel kernel ptxas kept the sums in
+  // local memory (about a thousand spill stores in the inner loop, and a combine twice as slow as
+  // the one-GPU kernel's). In a call they get the registers to themselves.
   static constexpr std::uint32_t kLoads = 16;
-  __device__ static void device(Payload const& p, TaskContext&) {
+  __device__ __noinline__ static void device(Payload const& p, TaskContext&) {
     std::uint32_t const k = p.view->top_k;
     if (k <= 1) return combine_block<1>(p);
     if (k <= 2) return combine_block<2>(p);
