@@ -123,6 +123,8 @@ struct CombineArrived {
   static constexpr char const* name = "ep_combine";
   static constexpr unsigned threads = CombineTokens::threads;
   static constexpr unsigned shared_bytes = CombineTokens::shared_bytes;
+  // A call, for the combine it runs inline (CombineTokens::call_body says why).
+  static constexpr bool call_body = true;
   using Payload = CombineBatchPayload;
 
   LOOM_HD static Task rest(Payload const& p, std::uint32_t i) {

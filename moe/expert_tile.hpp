@@ -238,6 +238,10 @@ struct CombineTokens {
   static constexpr char const* name = "moe_combine";
   static constexpr unsigned threads = 128;
   static constexpr unsigned shared_bytes = 0;
+  // A call, not inlined into the kernel's switch (runtime/pipeline.hpp): inlined, the
+  // expert-parallel kernel kept its sums in local memory (about a thousand spill stores in the
+  // inner loop, and a combine twice as slow as the one-GPU kernel's).
+  static constexpr bool call_body = true;
   using Payload = BlockPayload;
 
   LOOM_HD static float combine(MoEView const& v, std::uint32_t t, std::uint32_t c) {
@@ -263,13 +267,8 @@ struct CombineTokens {
   // The block's routing words go to shared memory once. Each thread then combines 8 columns of
   // kLoads / K items (token, column group) at a time, where K >= top_k is a compile-time slot
   // count: every 16-byte read of y for those items is issued before the first is used.
-  //
-  // A call, not inlined into the kernel's switch: there its loads and sums share the registers of
-  // everything live around the switch, and in the expert-parallel kernel ptxas kept the sums in
-  // local memory (about a thousand spill stores in the inner loop, and a combine twice as slow as
-  // the one-GPU kernel's). In a call they get the registers to themselves.
   static constexpr std::uint32_t kLoads = 16;
-  __device__ __noinline__ static void device(Payload const& p, TaskContext&) {
+  __device__ static void device(Payload const& p, TaskContext&) {
     std::uint32_t const k = p.view->top_k;
     if (k <= 1) return combine_block<1>(p);
     if (k <= 2) return combine_block<2>(p);

@@ -8,11 +8,20 @@
 //     static void host(Payload const&, loom::TaskContext&);               // CPU executor
 //     __device__ static void device(Payload const&, loom::TaskContext&);  // inside #ifdef
 //     __CUDACC__
+//     static constexpr bool call_body = false;        // optional; see below
 //   };
 //   using MyPipeline = loom::Pipeline<RowSoftmax, ...>;
 //
 // The type id is the position in the list, dispatch is generated from the list, and adding a
 // type touches nothing in runtime/.
+//
+// On the device a body is inlined into the kernel's switch over types by default. That is what
+// a wgmma pipeline needs (ptxas serializes wgmma across a call) and what short bodies prefer (the
+// one-GPU MoE layer ran 0.3-1.7% slower on an H100 with its route, plan and gather as calls). A
+// type whose body keeps many values live at once says `static constexpr bool call_body = true`
+// and runs as a call: inlined, its registers compete with everything live around the switch and
+// with every other inlined body, and ptxas spills what does not fit (the MoE combine kept its
+// fp32 sums in local memory that way); as a call it gets the registers to itself.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +45,12 @@ template <class T>
 struct index_of<T> {
   static_assert(sizeof(T) == 0, "task type is not in this pipeline");
 };
+
+// Whether a task type's device body runs as a call (T::call_body) instead of inlined.
+template <class T, class = void>
+struct call_body : std::false_type {};
+template <class T>
+struct call_body<T, std::void_t<decltype(T::call_body)>> : std::bool_constant<T::call_body> {};
 
 // A task type may explain its own failed checks: static std::string describe_failure(code, a, b).
 template <class T, class = void>
@@ -62,6 +77,10 @@ struct Pipeline {
   static constexpr std::uint16_t id = detail::index_of<T, Types...>::value;
 
   static constexpr char const* names[] = {Types::name...};
+
+  // Whether T's device body runs as a call (T::call_body) rather than inlined into the kernel.
+  template <class T>
+  static constexpr bool called = (id<T>, detail::call_body<T>::value);
 
   // Encodes a task of type T that completes `completes` (kNoEvent: none).
   template <class T>
@@ -96,8 +115,8 @@ struct Pipeline {
   }
 
 #if defined(__CUDACC__)
-  // Runs the device body; called by every thread of the processor block. Inlined into the
-  // persistent kernel: a wgmma pipeline inside a called function is serialized by ptxas.
+  // Runs the device body; called by every thread of the processor block. The switch is inlined
+  // into the persistent kernel; so is each body, unless its type asks to be called.
   __device__ __forceinline__ static bool run_device(Task const& task, TaskContext& ctx) {
     return run_device_impl(task, ctx, std::index_sequence_for<Types...>{});
   }
@@ -122,13 +141,24 @@ struct Pipeline {
     return known;
   }
 #if defined(__CUDACC__)
+  // The context goes by value: a reference would keep the kernel's own context in local memory,
+  // and the inlined bodies would read its words from there.
+  template <class T>
+  __device__ __noinline__ static void call_device(typename T::Payload const& p, TaskContext ctx) {
+    T::device(p, ctx);
+  }
+  template <class T>
+  __device__ __forceinline__ static void run_body(Task const& task, TaskContext& ctx) {
+    if constexpr (detail::call_body<T>::value)
+      call_device<T>(task.as<typename T::Payload>(), ctx);
+    else
+      T::device(task.as<typename T::Payload>(), ctx);
+  }
   template <std::size_t... I>
   __device__ __forceinline__ static bool run_device_impl(Task const& task, TaskContext& ctx,
-                                         std::index_sequence<I...>) {
+                                                         std::index_sequence<I...>) {
     bool const known =
-        ((task.header.type == I ? (Types::device(task.as<typename Types::Payload>(), ctx), true)
-                                : false) ||
-         ...);
+        ((task.header.type == I ? (run_body<Types>(task, ctx), true) : false) || ...);
     if (!known) ctx.report_unknown_type(task.header.type, size);
     return known;
   }

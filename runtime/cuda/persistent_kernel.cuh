@@ -103,9 +103,14 @@ __device__ void run_os_block(RuntimeState const& s, SymmetricView const& heap, D
   }
 }
 
+// The parameters are grid constants: the actors hold references to them (TaskContext, the task
+// bodies that run as calls), and a reference to a plain kernel parameter would make every thread
+// copy it to local memory and read it from there.
 template <class Pipeline, class Policy, class Decoder>
 __global__ void __launch_bounds__(Pipeline::threads, 1)
-    persistent_kernel(RuntimeState const s, SymmetricView const heap, Decoder const decoder) {
+    persistent_kernel(__grid_constant__ RuntimeState const s,
+                      __grid_constant__ SymmetricView const heap,
+                      __grid_constant__ Decoder const decoder) {
   extern __shared__ uint4 task_shared[];
   if (blockIdx.x == gridDim.x - 1) {
     run_os_block<Policy>(s, heap, decoder);

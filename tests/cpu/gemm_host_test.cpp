@@ -230,6 +230,15 @@ TEST(GemmHost, TaskTypesWithoutSplitKRefuseSplits) {
   EXPECT_TRUE(NoSplit::bad_payload(p, split));  // operands changed after the payload was made
 }
 
+// The wgmma pipeline is inlined into the kernel, never a call (ptxas would serialize it).
+TEST(GemmHost, TileTaskTypesAreInlinedIntoTheKernel) {
+  using Run = tasks::GemmRunTile;
+  using NoSplit = tasks::GemmTileTask<g::LocalTileSink, false, false>;
+  EXPECT_FALSE(GemmPipeline::called<GemmTile>);
+  EXPECT_FALSE((Pipeline<Run, NoSplit>::called<Run>));
+  EXPECT_FALSE((Pipeline<Run, NoSplit>::called<NoSplit>));
+}
+
 // B's loads are evict_first exactly when the GEMM has one row tile: then no other tile reads a
 // tile's columns of B (split-K's splits read disjoint K blocks).
 TEST(GemmHost, OnlyAGemmOfOneRowTileStreamsB) {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "moe/cpu_layer.hpp"
+#include "moe/ep_pipeline.hpp"
 #include "moe/expert_gemms.hpp"
 #include "moe/expert_tasks.hpp"
 #include "moe/pipeline.hpp"
@@ -45,6 +46,24 @@ struct Case {
 };
 
 class CpuMoE : public ::testing::TestWithParam<Case> {};
+
+// Only the combines run as calls on the device (their sums need the registers to themselves);
+// every other body, the GEMM tiles' wgmma pipelines among them, is inlined into the kernel.
+TEST(CpuMoE, OnlyTheCombinesRunAsCalls) {
+  EXPECT_FALSE(MoEPipeline::called<RouteTokens>);
+  EXPECT_FALSE(MoEPipeline::called<PlanExperts>);
+  EXPECT_FALSE(MoEPipeline::called<GatherTokens>);
+  EXPECT_FALSE(MoEPipeline::called<ExpertUp>);
+  EXPECT_FALSE(MoEPipeline::called<ExpertDown>);
+  EXPECT_TRUE(MoEPipeline::called<CombineTokens>);
+  EXPECT_FALSE(EpPipeline::called<RouteDispatch>);
+  EXPECT_FALSE(EpPipeline::called<PlanDispatch>);
+  EXPECT_FALSE(EpPipeline::called<GatherArrivals>);
+  EXPECT_FALSE(EpPipeline::called<ExpertUp>);
+  EXPECT_FALSE(EpPipeline::called<ExpertDownRemote>);
+  EXPECT_TRUE(EpPipeline::called<CombineTokens>);
+  EXPECT_TRUE(EpPipeline::called<CombineArrived>);
+}
 
 TEST_P(CpuMoE, FusedRouterMatchesFloat64Reference) {
   Case const k = GetParam();

@@ -131,6 +131,21 @@ TEST(Pipeline, BlockShapeIsTheMaximumOverTypes) {
   EXPECT_EQ((Pipeline<Stamp, Emitter>::shared_bytes), 1024u);
 }
 
+// A type may ask for its device body to run as a call; by default it is inlined into the kernel.
+struct CalledBody : Stamp {
+  static constexpr bool call_body = true;
+};
+struct InlinedBody : Stamp {
+  static constexpr bool call_body = false;
+};
+
+TEST(Pipeline, DeviceBodiesAreInlinedUnlessTheTypeAsksForACall) {
+  using P = Pipeline<Stamp, CalledBody, InlinedBody>;
+  EXPECT_FALSE(P::called<Stamp>);
+  EXPECT_TRUE(P::called<CalledBody>);
+  EXPECT_FALSE(P::called<InlinedBody>);
+}
+
 TEST(Pipeline, MakeSetsTypeEventIdAndPriority) {
   Recorder r(1);
   Task const t = TestPipeline::make<Stamp>(Stamp::Payload{&r, 7}, 5, 11, 2);
