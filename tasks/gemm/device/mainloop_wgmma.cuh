@@ -64,6 +64,8 @@ __device__ inline void produce_tiles(GemmOperands const& op, TileJob const& job,
   std::uint32_t stage = 0, phase = 0;
   bool const b_hinted = job.b_l2 == L2Hint::evict_first;
   std::uint64_t const b_policy = b_hinted ? ptx::l2_policy_evict_first() : 0;
+  std::int32_t const expert = static_cast<std::int32_t>(job.expert);
+  std::int32_t const a_row0 = static_cast<std::int32_t>(job.a_row0);
   for (std::uint32_t t = 0; t < tiles; ++t) {
     std::int32_t const n0 = static_cast<std::int32_t>(job.n0 + t * cfg.block_n);
     // Tile t - 1's staged values, in stages [staged, staged + span), may still be being delivered.
@@ -82,8 +84,7 @@ __device__ inline void produce_tiles(GemmOperands const& op, TileJob const& job,
       unsigned char* const box = sm.stages + stage * stage_bytes;
       ptx::mbarrier_arrive_expect_tx(sm.full + stage, stage_bytes);
       std::int32_t const k0 = static_cast<std::int32_t>((job.k_block_begin + i) * kBlockK);
-      std::int32_t const expert = static_cast<std::int32_t>(job.expert);
-      ptx::tma_load_2d(box, &op.a_map, k0, static_cast<std::int32_t>(job.a_row0), sm.full + stage);
+      ptx::tma_load_2d(box, &op.a_map, k0, a_row0, sm.full + stage);
       if (b_hinted)
         ptx::tma_load_3d_hint(box + a_bytes, &op.b_map, k0, n0, expert, sm.full + stage, b_policy);
       else
