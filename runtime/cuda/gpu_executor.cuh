@@ -4,6 +4,13 @@
 // launch() is asynchronous and capturable in a CUDA graph (the epoch lives on the device, so every
 // replay is a new launch); check() synchronises and turns a device error record into loom::Error,
 // and a launch that cannot end after its error into one too, instead of waiting for ever.
+//
+// One translation unit per pipeline: the code is built without relocatable device code, so every
+// .cu file that instantiates GpuExecutor<P> compiles its own copy of P's kernel. Two such copies
+// of one P in one program were seen to fail every launch from one of the files with
+// cudaErrorCooperativeLaunchTooLarge (the shared-memory attribute set on one copy, the other
+// launched); giving the kernel internal linkage did not help. Launch each pipeline from one .cu
+// file, or give each file its own type list.
 #pragma once
 
 #include <algorithm>
