@@ -6,97 +6,167 @@
 #include <cmath>
 #include <string>
 
-#include "runtime/tiles.hpp"
+#include "tasks/gemm/epilogue_math.hpp"
+#include "tasks/gemm/heuristic.hpp"
+#include "tasks/gemm/tiling.hpp"
 
 namespace loom::examples {
+
+namespace g = tasks::gemm;
 
 void validate(FusedMlpProblem const& p) {
   struct Named {
     char const* name;
     std::uint32_t value;
   };
-  for (Named const f :
-       {Named{"m", p.m}, Named{"k", p.k}, Named{"h", p.h}, Named{"n", p.n},
-        Named{"tile_m", p.tile_m}, Named{"tile_h", p.tile_h}, Named{"tile_n", p.tile_n}})
+  for (Named const f : {Named{"m", p.m}, Named{"k", p.k}, Named{"h", p.h}, Named{"n", p.n}}) {
     if (f.value == 0) throw Error(std::string("loom: fused MLP with ") + f.name + " = 0");
+    if (f.value % 8 != 0 && f.name[0] != 'm')
+      throw Error(std::string("loom: fused MLP with ") + f.name + " = " + std::to_string(f.value) +
+                  ": k, h and n must be multiples of 8 (16-byte rows for the tile loads)");
+  }
+  if (p.tile_m != 0 && p.tile_m != 64 && p.tile_m != 128)
+    throw Error("loom: fused MLP with tile_m = " + std::to_string(p.tile_m) +
+                ": tiles are 64 or 128 rows high (0 lets the heuristic choose)");
 }
 
-Graph build_fused_mlp_graph(std::uint16_t matmul_type, FusedMlpProblem const& p, float const* x,
-                            float const* w1, float const* w2, float* hidden, float* y,
-                            float const* b1) {
+g::GemmDesc layer1_desc(FusedMlpProblem const& p, FusedMlpTensors const& t) {
+  g::GemmDesc d;
+  d.a = t.x;
+  d.a_rows = p.m;
+  d.b = t.w1;
+  d.n = p.w1_rows();
+  d.k = p.k;
+  d.c = t.hidden;
+  d.output = g::OutputType::bf16;
+  d.bias = t.b1;
+  d.activation = p.activation;
+  return d;
+}
+
+g::GemmDesc layer2_desc(FusedMlpProblem const& p, FusedMlpTensors const& t) {
+  g::GemmDesc d;
+  d.a = t.hidden;
+  d.a_rows = p.m;
+  d.b = t.w2;
+  d.n = p.n;
+  d.k = p.h;
+  d.c = t.y;
+  d.output = g::OutputType::fp32;
+  return d;
+}
+
+g::GemmOperands host_operands(g::GemmDesc const& desc, g::GemmConfig const& config) {
+  g::GemmOperands op = g::make_operands(desc, config);
+  if (config.splits > 1)
+    op.slots = ((op.a_rows + config.block_m - 1) / config.block_m + op.experts) * op.n_tiles();
+  return op;
+}
+
+namespace {
+
+// `cfg` with tiles `block_m` rows high: a width that height does not take (64-row tiles are 128
+// or 256 wide) becomes 128, and the pipeline as deep as the new stages allow.
+g::GemmConfig with_block_m(g::GemmConfig cfg, std::uint32_t block_m) {
+  if (cfg.block_m == block_m) return cfg;
+  cfg.block_m = static_cast<std::uint16_t>(block_m);
+  if (!cfg.shape_supported()) cfg.block_n = 128;
+  cfg.stages = static_cast<std::uint8_t>(cfg.max_stages());
+  return cfg;
+}
+
+}  // namespace
+
+FusedMlpTiles choose_fused_mlp_tiles(FusedMlpProblem const& p, std::uint32_t processors,
+                                     g::MmaPath path) {
   validate(p);
-  using tasks::TileMatmul;
-  tasks::MatmulOperands layer1;
-  layer1.a = x;
-  layer1.b = w1;
-  layer1.c = hidden;
-  layer1.bias = b1;
-  layer1.m = p.m;
-  layer1.n = p.h;
-  layer1.k = p.k;
-  layer1.lda = p.k;
-  layer1.ldb = p.h;
-  layer1.ldc = p.h;
-  layer1.activation = p.activation;
+  g::GemmDeviceModel model;
+  model.processors = processors;
+  g::GemmShape first;
+  first.m = p.m, first.n = p.w1_rows(), first.k = p.k, first.out_bytes = 2;
+  g::GemmShape second;
+  second.m = p.m, second.n = p.n, second.k = p.h, second.out_bytes = 4;
+  FusedMlpTiles tiles;
+  tiles.layer1 = g::choose_gemm_config(first, model, path);
+  std::uint32_t const block_m = p.tile_m ? p.tile_m : tiles.layer1.block_m;
+  tiles.layer1 = with_block_m(tiles.layer1, block_m);
+  tiles.layer2 = with_block_m(g::choose_gemm_config(second, model, path), block_m);
+  return tiles;
+}
 
-  tasks::MatmulOperands layer2;
-  layer2.a = hidden;
-  layer2.b = w2;
-  layer2.c = y;
-  layer2.m = p.m;
-  layer2.n = p.n;
-  layer2.k = p.h;
-  layer2.lda = p.h;
-  layer2.ldb = p.n;
-  layer2.ldc = p.n;
+Graph build_fused_mlp_graph(std::uint16_t gemm_type, g::GemmOperands const& layer1,
+                            g::GemmOperands const* layer1_at, g::GemmOperands const& layer2,
+                            g::GemmOperands const* layer2_at) {
+  std::uint32_t const block_m = layer1.config.block_m;
+  if (layer2.config.block_m != block_m)
+    throw Error("loom: fused MLP layers with tiles " + std::to_string(block_m) + " and " +
+                std::to_string(layer2.config.block_m) +
+                " rows high: a row tile must mean the same rows in both");
+  if (static_cast<void const*>(layer2.a) != layer1.c || layer1.output != g::OutputType::bf16 ||
+      layer2.k != layer1.n_out || layer2.a_rows != layer1.a_rows || layer1.experts != 1 ||
+      layer2.experts != 1)
+    throw Error("loom: the fused MLP's second layer must read the first layer's bf16 output (" +
+                std::to_string(layer1.a_rows) + " x " + std::to_string(layer1.n_out) +
+                ") as its A, one weight matrix each");
 
-  TileGrid const hidden_tiles{p.m, p.h, p.tile_m, p.tile_h};
-  TileGrid const output_tiles{p.m, p.n, p.tile_m, p.tile_n};
+  std::uint32_t const rows = layer1.a_rows;
+  std::uint32_t const row_tiles = (rows + block_m - 1) / block_m;
+  std::uint32_t slot1 = 0, slot2 = 0;
+  auto const hidden_tiles =
+      g::gemm_tile_payloads<tasks::GemmTile>(layer1, layer1_at, {0, 0, 0, rows}, slot1);
+  auto const output_tiles =
+      g::gemm_tile_payloads<tasks::GemmTile>(layer2, layer2_at, {0, 0, 0, rows}, slot2);
 
+  std::vector<std::uint32_t> tasks_per_row_tile(row_tiles, 0);
+  for (auto const& t : hidden_tiles) ++tasks_per_row_tile[t.a_row0 / block_m];
   GraphBuilder builder;
-  std::vector<EventId> hidden_row_done(hidden_tiles.row_tiles());
-  for (std::uint32_t i = 0; i < hidden_tiles.row_tiles(); ++i)
-    hidden_row_done[i] = builder.add_event(hidden_tiles.col_tiles());
+  std::vector<EventId> hidden_row_done(row_tiles);
+  for (std::uint32_t i = 0; i < row_tiles; ++i)
+    hidden_row_done[i] = builder.add_event(tasks_per_row_tile[i]);
 
-  // Task ids: hidden tiles 0 .. hidden_tiles.count() - 1, then output tiles, row-major each.
+  // Task ids: hidden tiles first, then output tiles, each in the GEMM's raster order.
   std::uint32_t id = 0;
-  hidden_tiles.for_each([&](Tile const& t) {
-    builder.add_task(encode_task(matmul_type, TileMatmul::tile_payload(layer1, t),
-                                 hidden_row_done[t.row_tile], id++, /*priority=*/0));
-  });
-  output_tiles.for_each([&](Tile const& t) {
-    builder.add_task(encode_task(matmul_type, TileMatmul::tile_payload(layer2, t), kNoEvent, id++,
-                                 /*priority=*/1),
-                     {hidden_row_done[t.row_tile]});
-  });
+  for (auto const& t : hidden_tiles)
+    builder.add_task(
+        encode_task(gemm_type, t, hidden_row_done[t.a_row0 / block_m], id++, /*priority=*/0));
+  for (auto const& t : output_tiles)
+    builder.add_task(encode_task(gemm_type, t, kNoEvent, id++, /*priority=*/1),
+                     {hidden_row_done[t.a_row0 / block_m]});
   return builder.build();
 }
 
-std::vector<double> reference_fused_mlp(FusedMlpProblem const& p, float const* x, float const* w1,
-                                        float const* w2, float const* b1) {
+std::vector<double> reference_fused_mlp(FusedMlpProblem const& p, Bf16 const* x, Bf16 const* w1,
+                                        Bf16 const* w2, float const* b1) {
   validate(p);
-  std::vector<double> y(std::size_t{p.m} * p.n);
-  oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::uint32_t>(0, p.m),
-                            [&](oneapi::tbb::blocked_range<std::uint32_t> const& rows) {
-                              std::vector<double> hidden(p.h);
-                              for (std::uint32_t r = rows.begin(); r != rows.end(); ++r) {
-                                for (std::uint32_t j = 0; j < p.h; ++j)
-                                  hidden[j] = b1 ? double(b1[j]) : 0.0;
-                                for (std::uint32_t kk = 0; kk < p.k; ++kk) {
-                                  double const xv = x[std::size_t{r} * p.k + kk];
-                                  float const* w1_row = w1 + std::size_t{kk} * p.h;
-                                  for (std::uint32_t j = 0; j < p.h; ++j)
-                                    hidden[j] += xv * double(w1_row[j]);
-                                }
-                                for (double& v : hidden) v = tasks::activate(p.activation, v);
-                                double* y_row = y.data() + std::size_t{r} * p.n;
-                                for (std::uint32_t j = 0; j < p.h; ++j) {
-                                  float const* w2_row = w2 + std::size_t{j} * p.n;
-                                  for (std::uint32_t c = 0; c < p.n; ++c)
-                                    y_row[c] += hidden[j] * double(w2_row[c]);
-                                }
-                              }
-                            });
+  std::uint32_t const w1_rows = p.w1_rows();
+  std::vector<double> y(std::size_t{p.m} * p.n, 0.0);
+  oneapi::tbb::parallel_for(
+      oneapi::tbb::blocked_range<std::uint32_t>(0, p.m),
+      [&](oneapi::tbb::blocked_range<std::uint32_t> const& rows) {
+        std::vector<double> pre(w1_rows), hidden(p.h);
+        for (std::uint32_t r = rows.begin(); r != rows.end(); ++r) {
+          Bf16 const* x_row = x + std::size_t{r} * p.k;
+          for (std::uint32_t j = 0; j < w1_rows; ++j) {
+            Bf16 const* w_row = w1 + std::size_t{j} * p.k;
+            double sum = b1 ? double(b1[j]) : 0.0;
+            for (std::uint32_t kk = 0; kk < p.k; ++kk)
+              sum += double(g::to_float(x_row[kk])) * double(g::to_float(w_row[kk]));
+            pre[j] = sum;
+          }
+          for (std::uint32_t o = 0; o < p.h; ++o)
+            hidden[o] = p.activation == GemmActivation::swiglu
+                            ? g::swiglu(pre[g::swiglu_gate_column(o)], pre[g::swiglu_up_column(o)])
+                            : g::activate(p.activation, pre[o]);
+          double* y_row = y.data() + std::size_t{r} * p.n;
+          for (std::uint32_t c = 0; c < p.n; ++c) {
+            Bf16 const* w_row = w2 + std::size_t{c} * p.h;
+            double sum = 0.0;
+            for (std::uint32_t j = 0; j < p.h; ++j)
+              sum += hidden[j] * double(g::to_float(w_row[j]));
+            y_row[c] = sum;
+          }
+        }
+      });
   return y;
 }
 

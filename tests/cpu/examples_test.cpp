@@ -1,38 +1,55 @@
-// The examples on the CPU executor: the fused MLP (TileMatmul tiles with per-row-block events)
+// The examples on the CPU executor: the fused MLP (bf16 GemmTile tasks with per-row-tile events)
 // against its float64 reference over shapes that clip tiles, every activation and both policies;
-// the graph's dependency structure; TileMatmul's payload packing and strided operands; and the
-// user-defined RowSoftmax task against a float64 softmax.
+// the graph's dependency structure, split-K included; the fp32 TileMatmul task type's payload
+// packing and strided operands; and the user-defined RowSoftmax task against a float64 softmax.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "examples/custom_task/row_softmax.hpp"
 #include "examples/fused_mlp/fused_mlp.hpp"
+#include "tasks/gemm_tile.hpp"
 #include "tasks/tile_matmul.hpp"
 #include "tests/cpu/test_support.hpp"
+#include "tests/strided_matmul_check.hpp"
 
 namespace loom::test {
 namespace {
 
+namespace g = tasks::gemm;
 using examples::FusedMlpProblem;
+using examples::FusedMlpTensors;
 using examples::RowSoftmax;
+using g::Bf16;
+using g::GemmActivation;
 using tasks::Activation;
 using tasks::TileMatmul;
 
+using MlpPipeline = Pipeline<tasks::GemmTile>;
 using ExamplesPipeline = Pipeline<TileMatmul, RowSoftmax>;
 
 constexpr double kFp32Tolerance = 1e-5;
+constexpr double kBf16Tolerance = 1e-2;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr Activation kActivations[] = {Activation::none, Activation::relu, Activation::gelu_tanh,
-                                       Activation::silu};
+constexpr Bf16 kBf16NaN{0xFFFF};
+constexpr GemmActivation kActivations[] = {GemmActivation::none, GemmActivation::relu,
+                                           GemmActivation::gelu_tanh, GemmActivation::swiglu};
 constexpr SchedulingPolicy kPolicies[] = {SchedulingPolicy::fifo, SchedulingPolicy::priority};
 
 std::vector<float> uniform(std::mt19937& rng, std::size_t count, float scale) {
   std::uniform_real_distribution<float> dist(-scale, scale);
   std::vector<float> v(count);
   for (float& e : v) e = dist(rng);
+  return v;
+}
+
+std::vector<Bf16> uniform_bf16(std::mt19937& rng, std::size_t count, float scale) {
+  std::vector<float> const f = uniform(rng, count, scale);
+  std::vector<Bf16> v(count);
+  std::transform(f.begin(), f.end(), v.begin(), [](float x) { return g::to_bf16(x); });
   return v;
 }
 
@@ -49,64 +66,89 @@ CpuOptions with_processors(std::uint32_t processors) {
 }
 
 struct MlpInputs {
-  std::vector<float> x, w1, w2, b1;
+  std::vector<Bf16> x, w1, w2;
+  std::vector<float> b1;
 };
 
 MlpInputs random_mlp_inputs(FusedMlpProblem const& p, std::mt19937& rng) {
-  return MlpInputs{uniform(rng, std::size_t{p.m} * p.k, 1.0f),
-                   uniform(rng, std::size_t{p.k} * p.h, 1.0f / std::sqrt(float(p.k))),
-                   uniform(rng, std::size_t{p.h} * p.n, 1.0f / std::sqrt(float(p.h))),
-                   uniform(rng, p.h, 0.5f)};
+  return MlpInputs{uniform_bf16(rng, std::size_t{p.m} * p.k, 1.0f),
+                   uniform_bf16(rng, std::size_t{p.w1_rows()} * p.k, 1.0f / std::sqrt(float(p.k))),
+                   uniform_bf16(rng, std::size_t{p.n} * p.h, 1.0f / std::sqrt(float(p.h))),
+                   uniform(rng, p.w1_rows(), 0.5f)};
 }
 
+// One fused MLP on the CPU executor over host buffers: its operands, graph and executor.
+struct HostMlp {
+  std::vector<Bf16> hidden;
+  std::vector<float> y;
+  g::GemmOperands layer1, layer2;
+
+  HostMlp(FusedMlpProblem const& p, MlpInputs const& in, bool with_bias,
+          examples::FusedMlpTiles const& tiles)
+      : hidden(std::size_t{p.m} * p.h), y(std::size_t{p.m} * p.n) {
+    FusedMlpTensors const t{in.x.data(),  in.w1.data(),  with_bias ? in.b1.data() : nullptr,
+                            in.w2.data(), hidden.data(), y.data()};
+    layer1 = examples::host_operands(examples::layer1_desc(p, t), tiles.layer1);
+    layer2 = examples::host_operands(examples::layer2_desc(p, t), tiles.layer2);
+  }
+  Graph graph() const {
+    return examples::build_fused_mlp_graph<MlpPipeline>(layer1, &layer1, layer2, &layer2);
+  }
+  void poison() {
+    std::fill(hidden.begin(), hidden.end(), kBf16NaN);
+    std::fill(y.begin(), y.end(), kNaN);
+  }
+};
+
 // Runs the fused MLP for every activation and both policies, fresh inputs per activation, Y and
-// the hidden layer poisoned before every launch.
+// the hidden layer poisoned before every launch; both policies give the same bits.
 void check_fused_mlp(FusedMlpProblem p, bool with_bias, CpuOptions const& options) {
   std::uint32_t const seed = fresh_seed();
   SCOPED_TRACE(seed_trace(seed));
   std::mt19937 rng(seed);
-  for (Activation act : kActivations) {
-    SCOPED_TRACE(tasks::to_string(act));
+  for (GemmActivation act : kActivations) {
+    SCOPED_TRACE(g::to_string(act));
     p.activation = act;
     MlpInputs const in = random_mlp_inputs(p, rng);
-    float const* b1 = with_bias ? in.b1.data() : nullptr;
-    std::vector<double> const ref =
-        examples::reference_fused_mlp(p, in.x.data(), in.w1.data(), in.w2.data(), b1);
-    std::vector<float> hidden(std::size_t{p.m} * p.h), y(std::size_t{p.m} * p.n);
-    CpuExecutor<ExamplesPipeline> ex(
-        one_rank(examples::build_fused_mlp_graph<ExamplesPipeline>(
-            p, in.x.data(), in.w1.data(), in.w2.data(), hidden.data(), y.data(), b1)),
-        options);
+    std::vector<double> const ref = examples::reference_fused_mlp(
+        p, in.x.data(), in.w1.data(), in.w2.data(), with_bias ? in.b1.data() : nullptr);
+    HostMlp mlp(p, in, with_bias,
+                examples::choose_fused_mlp_tiles(p, options.processors, g::MmaPath::wgmma));
+    CpuExecutor<MlpPipeline> ex(one_rank(mlp.graph()), options);
+    std::vector<float> first;
     for (SchedulingPolicy policy : kPolicies) {
       SCOPED_TRACE(to_string(policy));
-      std::fill(hidden.begin(), hidden.end(), kNaN);
-      std::fill(y.begin(), y.end(), kNaN);
+      mlp.poison();
       ex.run(policy);
-      EXPECT_LT(examples::relative_error(y, ref), kFp32Tolerance);
+      EXPECT_LT(examples::relative_error(mlp.y, ref), kBf16Tolerance);
+      if (first.empty())
+        first = mlp.y;
+      else
+        EXPECT_EQ(std::memcmp(first.data(), mlp.y.data(), first.size() * sizeof(float)), 0);
     }
   }
 }
 
 FusedMlpProblem shape(std::uint32_t m, std::uint32_t k, std::uint32_t h, std::uint32_t n,
-                      std::uint32_t tile_m, std::uint32_t tile_h, std::uint32_t tile_n) {
+                      std::uint32_t tile_m = 0) {
   FusedMlpProblem p;
   p.m = m, p.k = k, p.h = h, p.n = n;
-  p.tile_m = tile_m, p.tile_h = tile_h, p.tile_n = tile_n;
+  p.tile_m = tile_m;
   return p;
 }
 
 TEST(FusedMlp, MatchesFloat64ReferenceWithWholeTiles) {
-  check_fused_mlp(shape(128, 64, 256, 96, 32, 64, 32), false, with_processors(4));
+  check_fused_mlp(shape(128, 64, 256, 128), false, with_processors(4));
   check_fused_mlp(FusedMlpProblem{}, true, with_processors(4));  // the CLI's default problem
 }
 
 TEST(FusedMlp, MatchesFloat64ReferenceWithTilesClippedAtEveryEdge) {
-  check_fused_mlp(shape(100, 70, 300, 33, 32, 48, 16), true, with_processors(4));
-  check_fused_mlp(shape(65, 129, 130, 67, 64, 64, 64), false, with_processors(3));
+  check_fused_mlp(shape(100, 72, 296, 40, 64), true, with_processors(4));
+  check_fused_mlp(shape(65, 136, 136, 72, 128), false, with_processors(3));
 }
 
 TEST(FusedMlp, MatchesFloat64ReferenceWhenOneTileCoversEverything) {
-  check_fused_mlp(shape(1, 5, 7, 3, 64, 64, 64), true, with_processors(2));
+  check_fused_mlp(shape(1, 8, 8, 8), true, with_processors(2));
 }
 
 TEST(FusedMlp, MatchesFloat64ReferenceUnderAdversarialInterleaving) {
@@ -115,37 +157,83 @@ TEST(FusedMlp, MatchesFloat64ReferenceUnderAdversarialInterleaving) {
   options.chaos_per_mille = 200;
   options.chaos_max_delay_us = 100;
   SCOPED_TRACE("chaos seed " + std::to_string(options.chaos_seed));
-  check_fused_mlp(shape(96, 40, 130, 50, 16, 32, 16), true, options);
+  check_fused_mlp(shape(96, 40, 136, 56, 64), true, options);
 }
 
-TEST(FusedMlp, OutputTilesWaitOnlyForTheirOwnHiddenRowBlock) {
-  FusedMlpProblem const p = shape(100, 8, 300, 33, 32, 48, 16);
-  std::uint32_t const row_tiles = 4, hidden_col_tiles = 7, output_col_tiles = 3;
-  std::vector<float> x(std::size_t{p.m} * p.k), w1(std::size_t{p.k} * p.h),
-      w2(std::size_t{p.h} * p.n), hidden(std::size_t{p.m} * p.h), y(std::size_t{p.m} * p.n);
-  Graph const g = examples::build_fused_mlp_graph<ExamplesPipeline>(
-      p, x.data(), w1.data(), w2.data(), hidden.data(), y.data());
-  ASSERT_EQ(g.events.size(), row_tiles);
-  ASSERT_EQ(g.tasks.size(), row_tiles * (hidden_col_tiles + output_col_tiles));
+// Three row tiles of 64; the first layer split along K in two, three column tiles: each row
+// tile's event waits for all six of its tasks, and releases exactly that row tile's output tiles.
+TEST(FusedMlp, OutputTilesWaitForEverySplitOfTheirOwnRowTile) {
+  FusedMlpProblem p = shape(150, 128, 296, 200);
+  p.activation = GemmActivation::gelu_tanh;
+  g::GemmConfig layer1{};
+  layer1.block_m = 64, layer1.block_n = 128, layer1.splits = 2, layer1.stages = 2;
+  g::GemmConfig layer2 = layer1;
+  layer2.splits = 1;
+  std::uint32_t const row_tiles = 3, hidden_tasks = 3 * 2, output_tasks = 2;
+
+  std::uint32_t const seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  MlpInputs const in = random_mlp_inputs(p, rng);
+  HostMlp mlp(p, in, true, {layer1, layer2});
+  Graph const gr = mlp.graph();
+  ASSERT_EQ(gr.events.size(), row_tiles);
+  ASSERT_EQ(gr.tasks.size(), row_tiles * (hidden_tasks + output_tasks));
+  std::uint32_t const first_output = row_tiles * hidden_tasks;
   for (std::uint32_t i = 0; i < row_tiles; ++i) {
-    EXPECT_EQ(g.events[i].expected, hidden_col_tiles) << "row block " << i;
-    // Its successors: exactly the output tiles of row block i, each gated by this event alone.
-    std::vector<TaskId> const succ(g.successors.begin() + g.events[i].succ_begin,
-                                   g.successors.begin() + g.events[i].succ_end);
-    ASSERT_EQ(succ.size(), output_col_tiles) << "row block " << i;
-    for (std::uint32_t j = 0; j < output_col_tiles; ++j) {
-      TaskId const expected = row_tiles * hidden_col_tiles + i * output_col_tiles + j;
-      EXPECT_EQ(succ[j], expected);
-      EXPECT_EQ(g.gate_counts[expected], 1u);
-      EXPECT_EQ(g.tasks[expected].header.event, kNoEvent);
-    }
-    for (std::uint32_t j = 0; j < hidden_col_tiles; ++j) {
-      TaskId const t = i * hidden_col_tiles + j;
-      EXPECT_EQ(g.tasks[t].header.event, i);
-      EXPECT_EQ(g.gate_counts[t], 0u);
+    EXPECT_EQ(gr.events[i].expected, hidden_tasks) << "row tile " << i;
+    std::vector<TaskId> const succ(gr.successors.begin() + gr.events[i].succ_begin,
+                                   gr.successors.begin() + gr.events[i].succ_end);
+    ASSERT_EQ(succ.size(), output_tasks) << "row tile " << i;
+    for (TaskId const t : succ) {
+      ASSERT_GE(t, first_output);
+      auto const& pl = gr.tasks[t].as<tasks::GemmTile::Payload>();
+      EXPECT_EQ(pl.a_row0 / 64, i);
+      EXPECT_EQ(gr.gate_counts[t], 1u);
+      EXPECT_EQ(gr.tasks[t].header.event, kNoEvent);
+      EXPECT_EQ(gr.tasks[t].header.priority, 1u);
     }
   }
-  EXPECT_EQ(g.roots.size(), row_tiles * hidden_col_tiles);
+  for (TaskId t = 0; t < first_output; ++t) {
+    auto const& pl = gr.tasks[t].as<tasks::GemmTile::Payload>();
+    EXPECT_EQ(gr.tasks[t].header.event, pl.a_row0 / 64);
+    EXPECT_EQ(gr.gate_counts[t], 0u);
+  }
+  EXPECT_EQ(gr.roots.size(), first_output);
+
+  std::vector<double> const ref =
+      examples::reference_fused_mlp(p, in.x.data(), in.w1.data(), in.w2.data(), in.b1.data());
+  CpuExecutor<MlpPipeline> ex(one_rank(gr), with_processors(4));
+  mlp.poison();
+  ex.run();
+  EXPECT_LT(examples::relative_error(mlp.y, ref), kBf16Tolerance);
+}
+
+// Both layers take the first layer's tile height (or tile_m), each its own width.
+TEST(FusedMlp, BothLayersShareTheTileHeight) {
+  for (std::uint32_t tile_m : {0u, 64u, 128u}) {
+    FusedMlpProblem const p = shape(4096, 4096, 1024, 64, tile_m);
+    auto const tiles = examples::choose_fused_mlp_tiles(p, 131, g::MmaPath::wgmma);
+    EXPECT_EQ(tiles.layer1.block_m, tiles.layer2.block_m);
+    if (tile_m) {
+      EXPECT_EQ(tiles.layer1.block_m, tile_m);
+    }
+    EXPECT_TRUE(tiles.layer1.shape_supported());
+    EXPECT_TRUE(tiles.layer2.shape_supported());
+    EXPECT_EQ(g::config_problem(tiles.layer1, p.k), "");
+    EXPECT_EQ(g::config_problem(tiles.layer2, p.h), "");
+  }
+}
+
+TEST(FusedMlp, RejectsLayersOfDifferentTileHeights) {
+  FusedMlpProblem const p = shape(100, 64, 64, 64);
+  std::mt19937 rng(1);
+  MlpInputs const in = random_mlp_inputs(p, rng);
+  g::GemmConfig tall{}, short_tiles{};
+  tall.block_m = 128, tall.block_n = 128, tall.stages = 2;
+  short_tiles.block_m = 64, short_tiles.block_n = 128, short_tiles.stages = 2;
+  HostMlp const mlp(p, in, false, {tall, short_tiles});
+  EXPECT_TRUE(mentions(error_of([&] { mlp.graph(); }), "rows high"));
 }
 
 // A small ReLU layer can zero every hidden unit, and its reference is then all zeros: exact
@@ -159,10 +247,16 @@ TEST(FusedMlp, RelativeErrorAgainstAnAllZeroReference) {
                kFp32Tolerance);
 }
 
-TEST(FusedMlp, RejectsZeroExtents) {
+TEST(FusedMlp, RejectsWhatTheTileTaskCannotRun) {
   FusedMlpProblem p;
-  p.tile_h = 0;
-  EXPECT_TRUE(mentions(error_of([&] { examples::validate(p); }), "tile_h = 0"));
+  p.m = 0;
+  EXPECT_TRUE(mentions(error_of([&] { examples::validate(p); }), "m = 0"));
+  p = FusedMlpProblem{};
+  p.h = 100;
+  EXPECT_TRUE(mentions(error_of([&] { examples::validate(p); }), "multiples of 8"));
+  p = FusedMlpProblem{};
+  p.tile_m = 96;
+  EXPECT_TRUE(mentions(error_of([&] { examples::validate(p); }), "64 or 128 rows"));
 }
 
 TEST(TileMatmul, PayloadCarriesTheTileAndItsOperands) {
@@ -208,42 +302,22 @@ TEST(TileMatmul, PayloadRejectsWhatItCannotEncode) {
                        "per side"));
 }
 
-// Sub-matrices of larger buffers (lda > k, ldb > n, ldc > n): the tile must read and write only
-// inside its view, with bias and activation applied per column.
+// Sub-matrices of larger buffers: the tile must read and write only inside its view, with bias
+// and activation applied per column.
 TEST(TileMatmul, StridedOperandsWithBiasMatchFloat64Reference) {
   std::uint32_t const seed = fresh_seed();
   SCOPED_TRACE(seed_trace(seed));
   std::mt19937 rng(seed);
-  std::uint32_t const m = 70, n = 45, k = 90, lda = 101, ldb = 52, ldc = 61;
-  std::vector<float> const a = uniform(rng, std::size_t{m} * lda, 1.0f);
-  std::vector<float> const b = uniform(rng, std::size_t{k} * ldb, 0.1f);
-  std::vector<float> const bias = uniform(rng, n, 1.0f);
-  std::vector<float> c(std::size_t{m} * ldc, kNaN);
-  tasks::MatmulOperands op;
-  op.a = a.data(), op.b = b.data(), op.c = c.data(), op.bias = bias.data();
-  op.m = m, op.n = n, op.k = k, op.lda = lda, op.ldb = ldb, op.ldc = ldc;
-  op.activation = Activation::gelu_tanh;
+  StridedMatmul const mm(rng);
+  std::vector<float> c(std::size_t{mm.m} * mm.ldc, kNaN);
+  tasks::MatmulOperands const op = mm.operands(mm.a.data(), mm.b.data(), mm.bias.data(), c.data());
   GraphBuilder builder;
-  TileGrid{m, n, 32, 16}.for_each([&](Tile const& t) {
+  TileGrid{mm.m, mm.n, 32, 16}.for_each([&](Tile const& t) {
     builder.add_task(ExamplesPipeline::make<TileMatmul>(TileMatmul::tile_payload(op, t)));
   });
   CpuExecutor<ExamplesPipeline> ex(one_rank(builder.build()), with_processors(3));
   ex.run();
-
-  std::vector<float> out;
-  std::vector<double> ref;
-  for (std::uint32_t r = 0; r < m; ++r) {
-    for (std::uint32_t col = 0; col < n; ++col) {
-      double sum = bias[col];
-      for (std::uint32_t kk = 0; kk < k; ++kk)
-        sum += double(a[std::size_t{r} * lda + kk]) * double(b[std::size_t{kk} * ldb + col]);
-      ref.push_back(tasks::activate(Activation::gelu_tanh, sum));
-      out.push_back(c[std::size_t{r} * ldc + col]);
-    }
-    for (std::uint32_t col = n; col < ldc; ++col)
-      ASSERT_TRUE(std::isnan(c[std::size_t{r} * ldc + col])) << "row " << r << " col " << col;
-  }
-  EXPECT_LT(examples::relative_error(out, ref), kFp32Tolerance);
+  mm.expect_matches_reference(c);
 }
 
 std::vector<double> reference_softmax(std::vector<float> const& in, std::uint32_t rows,
