@@ -5,12 +5,9 @@
 // replay is a new launch); check() synchronises and turns a device error record into loom::Error,
 // and a launch that cannot end after its error into one too, instead of waiting for ever.
 //
-// One translation unit per pipeline: the code is built without relocatable device code, so every
-// .cu file that instantiates GpuExecutor<P> compiles its own copy of P's kernel. Two such copies
-// of one P in one program were seen to fail every launch from one of the files with
-// cudaErrorCooperativeLaunchTooLarge (the shared-memory attribute set on one copy, the other
-// launched); giving the kernel internal linkage did not help. Launch each pipeline from one .cu
-// file, or give each file its own type list.
+// Several .cu files of one program may run the same pipeline: the code is built without
+// relocatable device code, so each of them compiles its own copy of the kernel, and kernel()
+// below makes every launch use one of them (see there).
 #pragma once
 
 #include <algorithm>
@@ -140,9 +137,17 @@ class GpuExecutor {
     }
   }
 
+  // The kernel of each policy, read from one object per program. persistent_kernel has internal
+  // linkage, so every .cu file that instantiates this class has its own copy of it; the pointer
+  // lives in an inline variable (one definition, kept from one file), so that plan() sets the
+  // shared-memory attribute on the same copy that launch_with() launches, whichever file's copies
+  // of those functions the linker keeps.
   template <class Policy>
-  static constexpr auto kernel() {
-    return &persistent_kernel<Pipeline, Policy, Decoder>;
+  static inline decltype(&persistent_kernel<Pipeline, Policy, Decoder>) kernel_ =
+      &persistent_kernel<Pipeline, Policy, Decoder>;
+  template <class Policy>
+  static auto kernel() {
+    return kernel_<Policy>;
   }
 
   static GpuLaunchShape plan(GpuOptions const& options) {

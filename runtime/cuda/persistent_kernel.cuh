@@ -106,8 +106,14 @@ __device__ void run_os_block(RuntimeState const& s, SymmetricView const& heap, D
 // The parameters are grid constants: the actors hold references to them (TaskContext, the task
 // bodies that run as calls), and a reference to a plain kernel parameter would make every thread
 // copy it to local memory and read it from there.
+//
+// Internal linkage: each .cu file that launches a pipeline has its own kernel. With one external
+// symbol, two files that run the same pipeline register two kernels under one host stub, and the
+// runtime set the shared-memory attribute on one and launched the other
+// (cudaErrorCooperativeLaunchTooLarge on every launch from one of the files). GpuExecutor reads
+// the kernel's address from one object, so all its launches use the same file's kernel.
 template <class Pipeline, class Policy, class Decoder>
-__global__ void __launch_bounds__(Pipeline::threads, 1)
+static __global__ void __launch_bounds__(Pipeline::threads, 1)
     persistent_kernel(__grid_constant__ RuntimeState const s,
                       __grid_constant__ SymmetricView const heap,
                       __grid_constant__ Decoder const decoder) {

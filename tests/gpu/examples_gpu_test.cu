@@ -22,9 +22,9 @@ namespace g = loom::tasks::gemm;
 using g::Bf16;
 using g::GemmActivation;
 using loom::examples::FusedMlpProblem;
-// Not Pipeline<GemmTile> alone: gemm_gpu_test.cu launches that pipeline, and one pipeline's
-// kernel must be launched from one translation unit per program (runtime/cuda/gpu_executor.cuh).
-using MlpPipeline = loom::Pipeline<loom::tasks::GemmTile, loom::tasks::TileMatmul>;
+// The pipeline gemm_gpu_test.cu launches too: a pipeline run from two .cu files of one program
+// (runtime/cuda/gpu_executor.cuh, kernel()).
+using MlpPipeline = loom::Pipeline<loom::tasks::GemmTile>;
 using MatmulPipeline = loom::Pipeline<loom::tasks::TileMatmul>;
 using SoftmaxPipeline = loom::Pipeline<loom::examples::RowSoftmax>;
 
