@@ -19,12 +19,12 @@ void validate(FusedMlpProblem const& p) {
     char const* name;
     std::uint32_t value;
   };
-  for (Named const f : {Named{"m", p.m}, Named{"k", p.k}, Named{"h", p.h}, Named{"n", p.n}}) {
+  for (Named const f : {Named{"m", p.m}, Named{"k", p.k}, Named{"h", p.h}, Named{"n", p.n}})
     if (f.value == 0) throw Error(std::string("loom: fused MLP with ") + f.name + " = 0");
-    if (f.value % 8 != 0 && f.name[0] != 'm')
+  for (Named const f : {Named{"k", p.k}, Named{"h", p.h}, Named{"n", p.n}})
+    if (f.value % 8 != 0)
       throw Error(std::string("loom: fused MLP with ") + f.name + " = " + std::to_string(f.value) +
                   ": k, h and n must be multiples of 8 (16-byte rows for the tile loads)");
-  }
   if (p.tile_m != 0 && p.tile_m != 64 && p.tile_m != 128)
     throw Error("loom: fused MLP with tile_m = " + std::to_string(p.tile_m) +
                 ": tiles are 64 or 128 rows high (0 lets the heuristic choose)");
@@ -58,8 +58,7 @@ g::GemmDesc layer2_desc(FusedMlpProblem const& p, FusedMlpTensors const& t) {
 
 g::GemmOperands host_operands(g::GemmDesc const& desc, g::GemmConfig const& config) {
   g::GemmOperands op = g::make_operands(desc, config);
-  if (config.splits > 1)
-    op.slots = ((op.a_rows + config.block_m - 1) / config.block_m + op.experts) * op.n_tiles();
+  if (config.splits > 1) op.slots = op.slots_for_any_rows();
   return op;
 }
 

@@ -194,13 +194,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
 }
 
-g::GemmActivation parse_activation(std::string const& name) {
-  for (g::GemmActivation a : {g::GemmActivation::none, g::GemmActivation::relu,
-                              g::GemmActivation::gelu_tanh, g::GemmActivation::swiglu})
-    if (name == g::to_string(a)) return a;
-  throw loom::Error("loom: unknown activation '" + name + "' (choose none, relu, gelu or swiglu)");
-}
-
 std::string describe(g::GemmConfig const& c) {
   return std::to_string(c.block_m) + "x" + std::to_string(c.block_n) +
          (c.splits > 1 ? " split " + std::to_string(c.splits) : "");
@@ -248,7 +241,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     po::notify(vm);
-    p.activation = parse_activation(act);
+    p.activation = g::parse_gemm_activation(act);
     loom::examples::validate(p);
     if (iters == 0) throw loom::Error("loom: --iters must be at least 1");
     if (processors == 0) throw loom::Error("loom: --processors must be at least 1");

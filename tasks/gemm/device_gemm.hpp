@@ -27,9 +27,7 @@ class DeviceGemm {
       : host_(make_operands(desc, config)) {
     if (config.path == MmaPath::wgmma) encode_tensor_maps(host_);
     if (config.splits > 1) {
-      if (slots == 0)
-        slots = ((host_.a_rows + config.block_m - 1) / config.block_m + host_.experts) *
-                host_.n_tiles();
+      if (slots == 0) slots = host_.slots_for_any_rows();
       workspace_ =
           DeviceBuffer<float>(std::size_t{slots} * config.splits * config.block_m * config.block_n);
       counters_ = DeviceBuffer<std::uint32_t>(slots);

@@ -74,6 +74,11 @@ struct alignas(64) GemmOperands {
     return activation == GemmActivation::swiglu ? config.block_n / 2u : config.block_n;
   }
   LOOM_HD std::uint32_t out_bytes() const { return output == OutputType::bf16 ? 2u : 4u; }
+  // Split-K slots enough for any row layout of the A pool over the experts: one per tile of
+  // ceil(a_rows / block_m) + experts row tiles (each expert's last one partial) and every n tile.
+  std::uint32_t slots_for_any_rows() const {
+    return ((a_rows + config.block_m - 1) / config.block_m + experts) * n_tiles();
+  }
 };
 
 inline char const* to_string(GemmActivation a) {
@@ -88,6 +93,14 @@ inline char const* to_string(GemmActivation a) {
       break;
   }
   return "none";
+}
+
+// "none", "relu", "gelu" (tanh form) or "swiglu"; throws loom::Error naming the choices otherwise.
+inline GemmActivation parse_gemm_activation(std::string const& name) {
+  for (GemmActivation a : {GemmActivation::none, GemmActivation::relu, GemmActivation::gelu_tanh,
+                           GemmActivation::swiglu})
+    if (name == to_string(a)) return a;
+  throw Error("loom: unknown activation '" + name + "' (choose none, relu, gelu or swiglu)");
 }
 
 inline char const* to_string(MmaPath p) {

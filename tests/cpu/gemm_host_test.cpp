@@ -137,6 +137,14 @@ TEST(GemmHost, EveryEpilogueMatchesFloat64) {
   }
 }
 
+// Every activation's name parses back to it; an unknown name is refused with the choices.
+TEST(GemmHost, ActivationNamesRoundTrip) {
+  for (auto a : {g::GemmActivation::none, g::GemmActivation::relu, g::GemmActivation::gelu_tanh,
+                 g::GemmActivation::swiglu})
+    EXPECT_EQ(g::parse_gemm_activation(g::to_string(a)), a);
+  EXPECT_TRUE(mentions(error_of([] { g::parse_gemm_activation("silu"); }), "choose none, relu"));
+}
+
 TEST(GemmHost, SplitKAndEveryTileShapeMatchFloat64) {
   for (auto [bm, bn, splits] : {std::tuple{128, 64, 3}, std::tuple{128, 256, 1},
                                 std::tuple{64, 256, 2}, std::tuple{128, 128, 2}}) {
