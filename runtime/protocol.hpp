@@ -22,9 +22,25 @@ LOOM_HD LOOM_INLINE bool gate_opened(RuntimeState const& s, TaskId t, std::uint3
   return arrived == epoch * gates;
 }
 
-// One arrival on event `e` in launch `epoch`. The arrival that brings the count to
-// epoch * expected releases the successors; arrivals beyond it are an error (they would corrupt
-// the next launch's epoch), reported, not ignored.
+// One arrival on event `e` (descriptor `ev`) in launch `epoch`, counted. The arrival that brings
+// the count to epoch * expected is the last (it releases the successors); arrivals beyond it are
+// an error (they would corrupt the next launch's epoch), reported, not ignored.
+enum class Arrival { counted, last, failed };
+LOOM_HD LOOM_INLINE Arrival count_arrival(RuntimeState const& s, EventId e, EventDesc const& ev,
+                                          std::uint64_t epoch, WaiterId who) {
+  chaos_point();
+  std::uint64_t const target = epoch * ev.expected;
+  std::uint64_t const count = fetch_add_acq_rel(s.event_arrivals[e], std::uint64_t{1}) + 1;
+  if (count < target) return Arrival::counted;
+  if (count > target) {
+    raise_error(*s.error, ErrorCode::event_overshoot, who.actor, who.block, who.rank, 0, e,
+                ev.expected, count - (epoch - 1) * ev.expected);
+    return Arrival::failed;
+  }
+  return Arrival::last;
+}
+
+// One arrival on event `e` (count_arrival); the last releases the successors.
 //
 // An event with at most kFanOutAbove successors is released by its last arriver: they go to the
 // ready queue under one ticket, their successor words loaded together (one round trip to memory,
@@ -32,7 +48,8 @@ LOOM_HD LOOM_INLINE bool gate_opened(RuntimeState const& s, TaskId t, std::uint3
 // *keep instead (it was kStopRef on entry): the caller runs it next itself (local dispatch) and it
 // never passes through the scheduler. A wider fan-out goes to the scheduler as one fan-out entry
 // (release_fanout): one thread releasing hundreds of successors a chunk at a time takes a round
-// trip or more per chunk while the processors it would feed sit idle.
+// trip or more per chunk while the processors it would feed sit idle. (A GPU processor releases
+// with its whole first warp: finish_task_warp, runtime/cuda/processor_finish.cuh.)
 inline constexpr std::uint32_t kFanOutAbove = kPushChunk;
 
 // The scheduler's side of a fan-out entry: push(entry) for each successor of `e` whose last gate
@@ -50,16 +67,9 @@ LOOM_HD void release_fanout(RuntimeState const& s, EventId e, std::uint64_t epoc
 
 LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t epoch, WaiterId who,
                                 Watchdog& dog, TaskRef* keep = nullptr) {
-  chaos_point();
   EventDesc const ev = s.graph.events[e];
-  std::uint64_t const target = epoch * ev.expected;
-  std::uint64_t const count = fetch_add_acq_rel(s.event_arrivals[e], std::uint64_t{1}) + 1;
-  if (count < target) return true;
-  if (count > target) {
-    raise_error(*s.error, ErrorCode::event_overshoot, who.actor, who.block, who.rank, 0, e,
-                ev.expected, count - (epoch - 1) * ev.expected);
-    return false;
-  }
+  Arrival const arrival = count_arrival(s, e, ev, epoch, who);
+  if (arrival != Arrival::last) return arrival == Arrival::counted;
   std::uint32_t const m = ev.succ_end - ev.succ_begin;
   if (m > kFanOutAbove) return queue_push(s.ready, fanout_entry(e), dog);
   std::uint64_t words[kPushChunk];

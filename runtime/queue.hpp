@@ -41,12 +41,19 @@ LOOM_HD LOOM_INLINE bool queue_push_chunk(QueueView q, std::uint32_t n, EntryFn 
                                           Watchdog& dog) {
   std::uint64_t const pos = fetch_add_relaxed(*q.tail, std::uint64_t{n});
   chaos_point();
+  // Slot of entry i: first + i, wrapped. One 64-bit remainder for the chunk (on a GPU each is a
+  // long software sequence, and one thread alone here pays every instruction in latency).
+  std::uint32_t const first = static_cast<std::uint32_t>(pos % q.capacity);
+  auto const slot = [&](std::uint32_t i) {
+    std::uint32_t const at = first + i;
+    return at >= q.capacity ? at - q.capacity : at;
+  };
   for (;;) {
     // All n loads first, then the checks: one round trip to memory, not n.
     std::uint64_t seq[kPushChunk];
     LOOM_UNROLL
     for (std::uint32_t i = 0; i < kPushChunk; ++i)
-      if (i < n) seq[i] = load_relaxed(q.seq[(pos + i) % q.capacity]);
+      if (i < n) seq[i] = load_relaxed(q.seq[slot(i)]);
     bool free = true;
     std::uint64_t first_busy = 0, seen = 0;
     LOOM_UNROLL
@@ -61,9 +68,9 @@ LOOM_HD LOOM_INLINE bool queue_push_chunk(QueueView q, std::uint32_t n, EntryFn 
     if (!dog.keep_waiting(first_busy, seen)) return false;
   }
   cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
-  for (std::uint32_t i = 0; i < n; ++i) store_relaxed(q.items[(pos + i) % q.capacity], entry(i));
+  for (std::uint32_t i = 0; i < n; ++i) store_relaxed(q.items[slot(i)], entry(i));
   cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
-  for (std::uint32_t i = 0; i < n; ++i) store_relaxed(q.seq[(pos + i) % q.capacity], pos + i + 1);
+  for (std::uint32_t i = 0; i < n; ++i) store_relaxed(q.seq[slot(i)], pos + i + 1);
   return true;
 }
 
