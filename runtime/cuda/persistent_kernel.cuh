@@ -4,6 +4,7 @@
 // file only maps actors onto blocks, warps and shared memory.
 #pragma once
 
+#include "runtime/cuda/processor_finish.cuh"
 #include "runtime/cuda/scheduler_warp.cuh"
 #include "runtime/host_actors.hpp"
 
@@ -29,7 +30,8 @@ __device__ __forceinline__ void block_barrier() {
 }
 
 // Processor block: thread 0 takes the next task (take_next_task: doorbell, reports; then the
-// prefetch credit) and completes events; every thread copies the descriptor and runs the body.
+// prefetch credit), every thread copies the descriptor and runs the body, and warp 0 completes
+// the task (finish_task_warp: the arrival on its event, the release of its successors).
 // Three block barriers per task. When thread 0's arrival releases a successor and the scheduler
 // holds no backlog, the block runs that successor next without going through the scheduler (local
 // dispatch). Thread 0 builds its watchdogs where it waits, so that they hold no registers during
@@ -81,12 +83,10 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
     ctx.set_task_type(sh.task.header.type);
     Pipeline::run_device(sh.task, ctx);  // an unknown type is recorded as an error
     block_barrier();
-    if (threadIdx.x == 0) {
-      Task const& task = sh.task;
-      record_trace(s, task, me, sh.asked, sh.started);
-      Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
-      sh.alive = !has_error(*s.error) &&
-                 finish_task(s, sh.link, task, epoch, who, push_dog, Policy::local_dispatch);
+    if (threadIdx.x < 32) {
+      if (threadIdx.x == 0) record_trace(s, sh.task, me, sh.asked, sh.started);
+      bool const ok = finish_task_warp(s, sh.link, sh.task, epoch, who, Policy::local_dispatch);
+      if (threadIdx.x == 0) sh.alive = ok;
     }
   }
 }

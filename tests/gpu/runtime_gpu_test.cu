@@ -4,6 +4,7 @@
 #include <chrono>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
@@ -232,11 +233,12 @@ TEST(GpuRuntime, FanOutFanInAndGates) {
   }
 }
 
-// Fan-outs wider than one chunk go to the scheduler warp as fan-out entries; it releases them 32
-// lanes at a time and opens the gates of tasks that also wait on other fan-outs.
-TEST(GpuRuntime, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) {
-  LOOM_REQUIRE_GPU();
-  constexpr std::uint32_t sources = 6, sinks = 6000;
+// `sources` root tasks, each completing an event of its own, and `sinks` tasks gated on up to three
+// of those events: pick(rng, chosen) names a source for a sink that has `chosen` so far, or returns
+// `sources` to skip the pick. The graph runs `launches` times under both policies (FIFO with local
+// dispatch, priority without); every task runs once per launch, each sink after its sources.
+template <class Pick>
+void run_sources_and_sinks(std::uint32_t sources, std::uint32_t sinks, int launches, Pick pick) {
   Stamps st(sources + sinks);
   std::uint32_t const seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -251,8 +253,8 @@ TEST(GpuRuntime, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) 
   for (std::uint32_t j = 0; j < sinks; ++j) {
     std::vector<EventId> gates;
     for (std::uint32_t g = 0, k = 1 + rng() % 3; g < k; ++g) {
-      std::uint32_t const p = rng() % sources;
-      if (std::find(after[j].begin(), after[j].end(), p) != after[j].end()) continue;
+      std::uint32_t const p = pick(rng, std::as_const(after[j]));
+      if (p == sources) continue;
       after[j].push_back(p);
       gates.push_back(done[p]);
     }
@@ -262,7 +264,7 @@ TEST(GpuRuntime, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) 
     loom::GpuOptions o;
     o.policy = policy;
     loom::GpuExecutor<TestPipeline> ex(b.build(), o);
-    for (int launch = 0; launch < 3; ++launch) {
+    for (int launch = 0; launch < launches; ++launch) {
       st.poison();
       unsigned long long const before = st.clock.download()[0];
       ex.run();
@@ -277,6 +279,40 @@ TEST(GpuRuntime, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) 
       }
     }
   }
+}
+
+bool holds(std::vector<std::uint32_t> const& chosen, std::uint32_t p) {
+  return std::find(chosen.begin(), chosen.end(), p) != chosen.end();
+}
+
+// Fan-outs wider than one chunk go to the scheduler warp as fan-out entries; it releases them 32
+// lanes at a time and opens the gates of tasks that also wait on other fan-outs.
+TEST(GpuRuntime, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t sources = 6;
+  run_sources_and_sinks(sources, 6000, 3, [](std::mt19937& rng, auto const& chosen) {
+    std::uint32_t const p = rng() % sources;
+    return holds(chosen, p) ? sources : p;
+  });
+}
+
+// Fan-outs of at most one chunk are released by the last arriver's warp, one successor per lane
+// (finish_task_warp): hundreds of them at once, of every width from 1 to kFanOutAbove, whose
+// successors also wait on other fan-outs.
+TEST(GpuRuntime, NarrowFanOutsReleasedByTheWarpRunEachTaskOnceAfterItsPredecessors) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t sources = 400;
+  // Source p takes at most 1 + p % kFanOutAbove successors, so every width occurs.
+  std::vector<std::uint32_t> width(sources, 0);
+  auto const full = [&](std::uint32_t p) { return width[p] > p % loom::kFanOutAbove; };
+  run_sources_and_sinks(sources, 2400, 5, [&](std::mt19937& rng, auto const& chosen) {
+    std::uint32_t p = rng() % sources;
+    for (std::uint32_t tries = 0; tries < sources && (full(p) || holds(chosen, p)); ++tries)
+      p = (p + 1) % sources;
+    if (full(p) || holds(chosen, p)) return sources;
+    ++width[p];
+    return p;
+  });
 }
 
 TEST(GpuRuntime, ThousandsOfLaunchesReuseTheStateWithoutReset) {
