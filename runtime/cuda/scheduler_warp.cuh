@@ -20,6 +20,15 @@ __device__ __forceinline__ unsigned lanes_below() {
   return (1u << lane_id()) - 1u;
 }
 
+// Slot `slot` + `d` of a ring of `capacity` slots, for d <= capacity. The scheduler keeps 32-bit
+// slots beside its 64-bit positions: each `position % capacity` was a 64-bit remainder, a long
+// software sequence that the warp, alone on its SM, paid in latency a dozen times a pass.
+__device__ __forceinline__ std::uint32_t ring_slot(std::uint32_t slot, std::uint32_t d,
+                                                   std::uint32_t capacity) {
+  std::uint32_t const at = slot + d;
+  return at >= capacity ? at - capacity : at;
+}
+
 __device__ __forceinline__ void fence_acquire() {
   cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
 }
@@ -30,19 +39,25 @@ __device__ __forceinline__ void fence_acq_rel() {
   cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
 }
 
-// Pops up to min(32 * kLoads, capacity) filled entries at the consumer position `head`
-// (lane-uniform; advanced): every lane checks kLoads slots at once, so one round trip to memory
-// covers the whole window. Entry 32 k + i goes to lane i in items[k]. Whole warp.
+// Pops up to min(32 * kLoads, capacity) filled entries at the consumer position `head`, whose
+// slot is `head_slot` (both lane-uniform; advanced): every lane checks kLoads slots at once, so
+// one round trip to memory covers the whole window. Entry 32 k + i goes to lane i in items[k].
+// Whole warp.
 inline constexpr std::uint32_t kPopLoads = 4;
+__device__ __forceinline__ std::uint32_t pop_window(QueueView q) {
+  return q.capacity < 32 * kPopLoads ? q.capacity : 32 * kPopLoads;
+}
 __device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& head,
+                                                   std::uint32_t& head_slot,
                                                    std::uint32_t (&items)[kPopLoads]) {
   unsigned const lane = lane_id();
-  std::uint32_t const window = q.capacity < 32 * kPopLoads ? q.capacity : 32 * kPopLoads;
+  std::uint32_t const window = pop_window(q);
+  std::uint32_t slot[kPopLoads];
   std::uint64_t seq[kPopLoads];
 #pragma unroll
   for (std::uint32_t k = 0; k < kPopLoads; ++k) {
-    std::uint64_t const pos = head + 32 * k + lane;
-    seq[k] = 32 * k + lane < window ? load_relaxed(q.seq[pos % q.capacity]) : 0;
+    slot[k] = ring_slot(head_slot, 32 * k + lane < window ? 32 * k + lane : 0, q.capacity);
+    seq[k] = 32 * k + lane < window ? load_relaxed(q.seq[slot[k]]) : 0;
   }
   std::uint32_t n = 0;
   bool open = true;  // no empty slot seen yet (warp-uniform)
@@ -60,24 +75,25 @@ __device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& h
   fence_acquire();  // the producers' item writes happen-before our reads
 #pragma unroll
   for (std::uint32_t k = 0; k < kPopLoads; ++k)
-    if (32 * k + lane < n) items[k] = load_relaxed(q.items[(head + 32 * k + lane) % q.capacity]);
+    if (32 * k + lane < n) items[k] = load_relaxed(q.items[slot[k]]);
   fence_acq_rel();  // our reads happen-before the producers' reuse of the slots
 #pragma unroll
-  for (std::uint32_t k = 0; k < kPopLoads; ++k) {
-    std::uint64_t const pos = head + 32 * k + lane;
-    if (32 * k + lane < n) store_relaxed(q.seq[pos % q.capacity], pos + q.capacity);
-  }
+  for (std::uint32_t k = 0; k < kPopLoads; ++k)
+    if (32 * k + lane < n) store_relaxed(q.seq[slot[k]], head + 32 * k + lane + q.capacity);
   head += n;
+  head_slot = ring_slot(head_slot, n, q.capacity);
   return n;
 }
 
 // Takes in the processors' report words (see report_word), 32 x kScanLoads per round trip to
 // memory: adds the tasks they completed to `completed` and appends their new credits to the idle
-// ring at `idle_tail`, in processor order. True when any word moved. Whole warp; processor p is
-// always lane p % 32's, so each lane reads back only its own reports_seen.
+// ring at `idle_tail`, whose slot is `idle_tail_slot`, in processor order. True when any word
+// moved. Whole warp; processor p is always lane p % 32's, so each lane reads back only its own
+// reports_seen.
 inline constexpr std::uint32_t kScanLoads = 8;
 __device__ __forceinline__ bool scan_reports(RuntimeState const& s, std::uint64_t& completed,
-                                             std::uint64_t& idle_tail) {
+                                             std::uint64_t& idle_tail,
+                                             std::uint32_t& idle_tail_slot) {
   unsigned const lane = lane_id();
   bool moved = false;
   for (std::uint32_t base = 0; base < s.processors; base += 32 * kScanLoads) {
@@ -97,9 +113,10 @@ __device__ __forceinline__ bool scan_reports(RuntimeState const& s, std::uint64_
       bool const credit = report_credits(word[k]) != report_credits(seen[k]);
       unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
       if (credit)
-        s.idle_list[(idle_tail + __popc(credits & lanes_below())) % s.processors] =
+        s.idle_list[ring_slot(idle_tail_slot, __popc(credits & lanes_below()), s.processors)] =
             idle_entry(p, report_credits(word[k]));
       idle_tail += __popc(credits);
+      idle_tail_slot = ring_slot(idle_tail_slot, __popc(credits), s.processors);
       if (word[k] != seen[k]) {
         s.reports_seen[p] = word[k];
         changed = true;
@@ -127,6 +144,8 @@ class WarpReadyList {
     for (std::uint32_t l = 0; l < Policy::levels; ++l) {
       head_[l] = 0;
       tail_[l] = s.graph.ring_roots[Policy::first_ring + l];
+      head_slot_[l] = 0;
+      tail_slot_[l] = warp::ring_slot(0, s.graph.ring_roots[Policy::first_ring + l], capacity_);
     }
   }
 
@@ -137,10 +156,12 @@ class WarpReadyList {
     for (std::uint32_t l = 0; l < Policy::levels; ++l) {
       unsigned const mask = __ballot_sync(0xFFFFFFFFu, valid && level == l);
       if (valid && level == l) {
-        std::uint64_t const at = tail_[l] + __popc(mask & warp::lanes_below());
-        storage_[l * capacity_ + at % capacity_] = entry & kRefMask;
+        std::uint32_t const at =
+            warp::ring_slot(tail_slot_[l], __popc(mask & warp::lanes_below()), capacity_);
+        storage_[l * capacity_ + at] = entry & kRefMask;
       }
       tail_[l] += __popc(mask);
+      tail_slot_[l] = warp::ring_slot(tail_slot_[l], __popc(mask), capacity_);
     }
     __syncwarp();
   }
@@ -162,8 +183,9 @@ class WarpReadyList {
       std::uint64_t const have = tail_[k] - head_[k];
       std::uint32_t const m = static_cast<std::uint32_t>(have < n - taken ? have : n - taken);
       if (lane >= taken && lane < taken + m)
-        ref = storage_[k * capacity_ + (head_[k] + lane - taken) % capacity_];
+        ref = storage_[k * capacity_ + warp::ring_slot(head_slot_[k], lane - taken, capacity_)];
       head_[k] += m;
+      head_slot_[k] = warp::ring_slot(head_slot_[k], m, capacity_);
       taken += m;
     }
     return ref;
@@ -174,6 +196,8 @@ class WarpReadyList {
   std::uint32_t capacity_;
   std::uint64_t head_[Policy::levels];
   std::uint64_t tail_[Policy::levels];
+  std::uint32_t head_slot_[Policy::levels];  // head_ % capacity_, tail_ % capacity_
+  std::uint32_t tail_slot_[Policy::levels];
 };
 
 // The successors of a fan-out entry, kFanOutLoads x 32 at a time: every lane loads its words
@@ -213,6 +237,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   WarpReadyList<Policy> ready(s);
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
+  std::uint32_t ready_head_slot = static_cast<std::uint32_t>(ready_head % s.ready.capacity);
   // Credits held, oldest first: a ring in s.idle_list (see scheduler_loop.hpp), starting with
   // every processor's first credit (kStartReport).
   for (std::uint32_t p = lane; p < s.processors; p += 32) {
@@ -221,7 +246,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   }
   __syncwarp();
   std::uint64_t idle_head_pos = 0, idle_tail_pos = s.processors;
-  std::uint64_t completed = 0;             // tasks reported done
+  std::uint32_t idle_head_slot = 0, idle_tail_slot = 0;  // the positions % processors
+  std::uint64_t completed = 0;                           // tasks reported done
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   if (lane == 0) store_relaxed(c.drained_at.value, drained_at);
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
@@ -237,11 +263,12 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       std::uint32_t const n = static_cast<std::uint32_t>(m < 32 ? m : 32);
       TaskRef const ref = ready.take(n);
       std::uint64_t const credit =
-          lane < n ? s.idle_list[(idle_head_pos + lane) % s.processors] : 0;
+          lane < n ? s.idle_list[warp::ring_slot(idle_head_slot, lane, s.processors)] : 0;
       if (lane < n)
         store_relaxed(s.doorbells[idle_processor(credit)].word,
                       doorbell_word(idle_ring(credit), ref));
       idle_head_pos += n;
+      idle_head_slot = warp::ring_slot(idle_head_slot, n, s.processors);
     }
     return true;
   };
@@ -260,14 +287,18 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     if (lane == 1) word = load_relaxed(c.retired.value);
     if (lane == 2) word = load_relaxed(c.dynamic_emitted.value);
     if (lane == 3) word = load_relaxed(c.subscribers_in.value);
-    if (warp::scan_reports(s, completed, idle_tail_pos)) progress = true;
+    if (warp::scan_reports(s, completed, idle_tail_pos, idle_tail_slot)) progress = true;
     // FIFO takes ready entries only until the list covers the credits held and a batch more: a
     // backlog of a thousand emitted tiles is moved over while the processors already run the
     // first ones, not before (draining it first left every processor idle for ~40 µs). A policy
     // with levels drains the queue: it must see every ready task to put the highest first.
+    // A batch that came back short met an empty slot: whatever is pushed behind it now waits for
+    // the next pass, instead of this one paying another round trip to find nothing.
+    bool full = true;
     for (std::uint32_t n;
-         (Policy::levels > 1 || ready.size() < idle_tail_pos - idle_head_pos + 32) &&
-         (n = warp::pop_batch(s.ready, ready_head, entries)) != 0;) {
+         full && (Policy::levels > 1 || ready.size() < idle_tail_pos - idle_head_pos + 32) &&
+         (n = warp::pop_batch(s.ready, ready_head, ready_head_slot, entries)) != 0;) {
+      full = n == warp::pop_window(s.ready);
 #pragma unroll
       for (std::uint32_t k = 0; k < warp::kPopLoads; ++k) {
         if (32 * k >= n) break;  // warp-uniform
