@@ -131,7 +131,11 @@ LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, 
 
 // A processor's side of the doorbell protocol (the CPU executor's processor thread, the GPU
 // processor block's thread 0). See report_word in state.hpp for the credit.
-inline constexpr std::uint32_t kRingPolls = 4;
+// With the credit out, the doorbell is polled this many times before the count goes out in a report
+// of its own: a prefetched ring is usually there already, and then the count rides on the next
+// credit report. Each poll is a round trip to memory: with four, the last task's count (and so
+// the launch's end) came 1.8 µs later (the GEMM launch floor on an H100, tile end to launch end).
+inline constexpr std::uint32_t kRingPolls = 1;
 // A launch's first task counts as following one longer than any prefetch_after_ns: it
 // prefetches (unless prefetch is off, kNoPrefetch, which take_next_task tests first). The phase
 // that opens a launch is often a few waves of equal tasks (the MoE route); without this, each
@@ -184,8 +188,7 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
   ref = link.kept;
   link.kept = kStopRef;
   if (ref == kStopRef) {
-    // With the credit out, a ring is likely on its way: a few polls first, so that the count
-    // rides on the next credit report instead of a report of its own.
+    // With the credit out, a ring is likely there already (kRingPolls).
     bool rung = false;
     for (std::uint32_t i = 0; link.credit_out && !rung && i < kRingPolls; ++i)
       rung = doorbell_poll(bell, link.credits, ref);
