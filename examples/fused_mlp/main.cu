@@ -3,10 +3,11 @@
 // median time of one launch.
 //
 //   fused_mlp --m 4096 --k 4096 --h 8192 --n 4096 --act swiglu --iters 20
+//   fused_mlp --m 4096 --k 2048 --h 4096 --n 2048 --act relu --baseline   (beside cuBLAS)
 //   fused_mlp --m 256 --k 256 --h 512 --n 256 --act gelu --backend cpu --iters 3
 //
-// Exit status: 0 when the relative error is below 1e-2 (bf16 inputs and hidden layer), 1 when it
-// is not, 2 on bad arguments or a runtime error.
+// Exit status: 0 when the relative error is below 1e-2 (bf16 inputs and hidden layer; with
+// --baseline, the unfused pipeline's too), 1 when it is not, 2 on bad arguments or a runtime error.
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -22,9 +23,12 @@
 #include "runtime/runtime.hpp"
 #include "runtime/trace.hpp"
 #if __has_include("runtime/cuda/gpu_executor.cuh")
+#include <cublas_v2.h>
+
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "tasks/gemm/device_gemm.hpp"
+#include "tasks/gemm/epilogue_math.hpp"
 #endif
 #include "tasks/gemm_tile.hpp"
 
@@ -46,6 +50,8 @@ struct Inputs {
 struct Outcome {
   std::vector<float> y;                  // [m][n] after the last launch
   std::vector<double> launch_ms;         // one per launch
+  std::vector<float> baseline_y;         // --baseline: the unfused pipeline's Y, else empty
+  std::vector<double> baseline_ms;       // one per run of the unfused pipeline
   std::vector<loom::TraceRecord> trace;  // the last launch's tasks, when tracing
   FusedMlpTiles tiles;                   // what the heuristic chose
   std::size_t tasks = 0;                 // tasks per launch
@@ -133,11 +139,87 @@ g::MmaPath device_path() {
   return major == 9 ? g::MmaPath::wgmma : g::MmaPath::mma_sync;
 }
 
+void check_cublas(cublasStatus_t status, char const* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw loom::Error(std::string("loom: ") + what + " failed (cuBLAS status " +
+                      std::to_string(static_cast<int>(status)) + ")");
+}
+
+// The unfused pipeline's middle step: hidden = act(z + b1) in bf16, z = X · W1ᵀ in bf16 as cuBLAS
+// wrote it. SwiGLU pairs z's columns as the tile GEMM does (gate_column / up_column).
+__global__ void bias_activation(g::Bf16 const* z, float const* bias, g::GemmActivation act,
+                                std::uint32_t m, std::uint32_t h, std::uint32_t z_cols,
+                                g::Bf16* hidden) {
+  std::size_t const total = std::size_t{m} * h;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < total;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    std::size_t const r = i / h;
+    std::uint32_t const c = static_cast<std::uint32_t>(i - r * h);
+    auto const at = [&](std::uint32_t col) {
+      return g::to_float(z[r * z_cols + col]) + (bias ? bias[col] : 0.0f);
+    };
+    float const v = act == g::GemmActivation::swiglu
+                        ? g::fast::swiglu(at(g::swiglu_gate_column(c)), at(g::swiglu_up_column(c)))
+                        : g::fast::activate(act, at(c));
+    hidden[i] = g::to_bf16(v);
+  }
+}
+
+// What a user would otherwise run for the same problem: cuBLAS for X · W1ᵀ (bf16 out, fp32
+// accumulation), a kernel for bias and activation, cuBLAS for hidden · W2ᵀ (fp32 Y); timed with
+// events around the three, `iters` times after one untimed run. Row-major C = A · Bᵀ is cuBLAS's
+// column-major Cᵀ = op_T(B) · A.
+void run_baseline(FusedMlpProblem const& p, loom::DeviceBuffer<g::Bf16> const& x,
+                  loom::DeviceBuffer<g::Bf16> const& w1, float const* b1,
+                  loom::DeviceBuffer<g::Bf16> const& w2, unsigned iters, Outcome& out) {
+  loom::DeviceBuffer<g::Bf16> z(std::size_t{p.m} * p.w1_rows()), hidden(std::size_t{p.m} * p.h);
+  loom::DeviceBuffer<float> y(std::size_t{p.m} * p.n);
+  y.fill_bytes(0xFF);
+  cublasHandle_t handle = nullptr;
+  check_cublas(cublasCreate(&handle), "cublasCreate");
+  auto const run = [&] {
+    float const one = 1.0f, zero = 0.0f;
+    check_cublas(
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.w1_rows()),
+                     static_cast<int>(p.m), static_cast<int>(p.k), &one, w1.get(), CUDA_R_16BF,
+                     static_cast<int>(p.k), x.get(), CUDA_R_16BF, static_cast<int>(p.k), &zero,
+                     z.get(), CUDA_R_16BF, static_cast<int>(p.w1_rows()), CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (first layer)");
+    bias_activation<<<1024, 256>>>(z.get(), b1, p.activation, p.m, p.h, p.w1_rows(), hidden.get());
+    LOOM_CUDA(cudaGetLastError());
+    check_cublas(
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m),
+                     static_cast<int>(p.h), &one, w2.get(), CUDA_R_16BF, static_cast<int>(p.h),
+                     hidden.get(), CUDA_R_16BF, static_cast<int>(p.h), &zero, y.get(), CUDA_R_32F,
+                     static_cast<int>(p.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (second layer)");
+  };
+  try {
+    run();
+    CudaEvent start, stop;
+    for (unsigned i = 0; i < iters; ++i) {
+      LOOM_CUDA(cudaEventRecord(start.get()));
+      run();
+      LOOM_CUDA(cudaEventRecord(stop.get()));
+      LOOM_CUDA(cudaEventSynchronize(stop.get()));
+      float ms = 0.0f;
+      LOOM_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+      out.baseline_ms.push_back(ms);
+    }
+  } catch (...) {
+    cublasDestroy(handle);
+    throw;
+  }
+  cublasDestroy(handle);
+  out.baseline_y = y.download();
+}
+
 // The GPU backend: inputs copied to the device, both layers' operands uploaded once, the graph
 // built over them, one persistent-kernel launch per iteration timed with events, Y copied back
 // after the last.
 Outcome run_on_gpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters, g::MmaPath path,
-                   loom::SchedulingPolicy policy, bool trace) {
+                   loom::SchedulingPolicy policy, bool trace, bool baseline) {
   loom::DeviceBuffer<g::Bf16> const x(in.x), w1(in.w1), w2(in.w2);
   loom::DeviceBuffer<float> const b1(in.b1);
   loom::DeviceBuffer<g::Bf16> hidden(std::size_t{p.m} * p.h);
@@ -171,6 +253,7 @@ Outcome run_on_gpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters, g
   }
   out.y = y.download();
   out.trace = executor.take_trace();
+  if (baseline) run_baseline(p, x, w1, t.b1, w2, iters, out);
   return out;
 }
 #else
@@ -183,7 +266,7 @@ g::MmaPath device_path() {
 }
 
 Outcome run_on_gpu(FusedMlpProblem const&, Inputs const&, unsigned, g::MmaPath,
-                   loom::SchedulingPolicy, bool) {
+                   loom::SchedulingPolicy, bool, bool) {
   throw loom::Error("GPU backend not built");
 }
 #endif
@@ -207,7 +290,7 @@ int main(int argc, char** argv) {
   std::string act = "relu", backend = "auto", policy = "fifo", path_name = "auto", trace_path;
   unsigned iters = 10, processors = 4;
   std::uint64_t seed = 1;
-  bool bias = false;
+  bool bias = false, baseline = false;
   po::options_description desc(
       "fused_mlp: Y = act(X W1^T + b1) W2^T on the Loom runtime, bf16 tile GEMM tasks");
   // clang-format off
@@ -222,6 +305,9 @@ int main(int argc, char** argv) {
       ("act", po::value(&act)->default_value(act),
        "activation: none, relu, gelu, swiglu (W1 then holds 2h rows: gate and up)")
       ("bias", po::bool_switch(&bias), "add a random bias b1 to the first layer")
+      ("baseline", po::bool_switch(&baseline),
+       "GPU: also time the unfused pipeline (cuBLAS, a bias/activation kernel, cuBLAS) on the "
+       "same inputs, check it and print both")
       ("backend", po::value(&backend)->default_value(backend), "cpu, cuda or auto")
       ("path", po::value(&path_name)->default_value(path_name),
        "GPU tensor-core path: wgmma (sm_90a), mma_sync, or auto")
@@ -262,6 +348,7 @@ int main(int argc, char** argv) {
       throw loom::Error(
           "loom: --backend cuda, but the GPU backend is not built or no CUDA device "
           "is present");
+    if (baseline && !use_gpu) throw loom::Error("loom: --baseline needs the GPU backend");
     Inputs const in = random_inputs(p, bias, seed);
     std::vector<double> const reference = loom::examples::reference_fused_mlp(
         p, in.x.data(), in.w1.data(), in.w2.data(), bias_of(in));
@@ -274,7 +361,7 @@ int main(int argc, char** argv) {
                                     : g::MmaPath::mma_sync;
     Outcome out;
     if (use_gpu) {
-      out = run_on_gpu(p, in, iters, path, scheduling, !trace_path.empty());
+      out = run_on_gpu(p, in, iters, path, scheduling, !trace_path.empty(), baseline);
     } else {
       loom::CpuOptions options;
       options.processors = processors;
@@ -294,7 +381,15 @@ int main(int argc, char** argv) {
         use_gpu ? "cuda " : "cpu", use_gpu ? g::to_string(path) : "",
         describe(out.tiles.layer1).c_str(), describe(out.tiles.layer2).c_str(), out.tasks, error,
         error < kTolerance ? "ok" : "FAILED", ms, iters, p.flops() / (ms * 1e9));
-    return error < kTolerance ? 0 : 1;
+    if (!baseline) return error < kTolerance ? 0 : 1;
+    double const baseline_error = loom::examples::relative_error(out.baseline_y, reference);
+    double const baseline_ms = median(out.baseline_ms);
+    std::printf(
+        "baseline (cuBLAS, bias/activation kernel, cuBLAS): relative error %.3e (%s), median "
+        "%.3f ms, %.2f TFLOP/s; fused / baseline speed %.2fx\n",
+        baseline_error, baseline_error < kTolerance ? "ok" : "FAILED", baseline_ms,
+        p.flops() / (baseline_ms * 1e9), baseline_ms / ms);
+    return error < kTolerance && baseline_error < kTolerance ? 0 : 1;
   } catch (std::exception const& e) {
     std::fprintf(stderr, "fused_mlp: %s\n", e.what());
     return 2;
