@@ -17,6 +17,15 @@ struct QueueView {
   std::uint32_t id;  // named in overflow and watchdog errors
 };
 
+// Slot `slot` + `d` of a ring of `capacity` slots, for d <= capacity. Positions grow without end;
+// whoever walks a ring keeps the slot beside the position, since each `position % capacity` is a
+// 64-bit remainder, a long software sequence on a GPU, paid in latency by a lone thread or warp.
+LOOM_HD LOOM_INLINE std::uint32_t ring_slot(std::uint32_t slot, std::uint32_t d,
+                                            std::uint32_t capacity) {
+  std::uint32_t const at = slot + d;
+  return at >= capacity ? at - capacity : at;
+}
+
 // Any thread. Waits (bounded) only when the consumer has fallen a full lap behind, which a queue
 // sized for a launch's tasks never does. Returns false if the wait ended on an error.
 LOOM_HD LOOM_INLINE bool queue_push(QueueView q, std::uint32_t item, Watchdog& dog) {
@@ -41,13 +50,9 @@ LOOM_HD LOOM_INLINE bool queue_push_chunk(QueueView q, std::uint32_t n, EntryFn 
                                           Watchdog& dog) {
   std::uint64_t const pos = fetch_add_relaxed(*q.tail, std::uint64_t{n});
   chaos_point();
-  // Slot of entry i: first + i, wrapped. One 64-bit remainder for the chunk (on a GPU each is a
-  // long software sequence, and one thread alone here pays every instruction in latency).
+  // One 64-bit remainder for the chunk; entry i's slot is ring_slot(first, i).
   std::uint32_t const first = static_cast<std::uint32_t>(pos % q.capacity);
-  auto const slot = [&](std::uint32_t i) {
-    std::uint32_t const at = first + i;
-    return at >= q.capacity ? at - q.capacity : at;
-  };
+  auto const slot = [&](std::uint32_t i) { return ring_slot(first, i, q.capacity); };
   for (;;) {
     // All n loads first, then the checks: one round trip to memory, not n.
     std::uint64_t seq[kPushChunk];

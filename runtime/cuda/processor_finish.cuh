@@ -32,7 +32,7 @@ __device__ __forceinline__ bool push_lanes_warp(RuntimeState const& s, unsigned 
   first = __shfl_sync(0xFFFFFFFFu, first, 0);
   bool const mine = (lanes >> lane) & 1u;
   std::uint32_t const rank = static_cast<std::uint32_t>(__popc(lanes & ((1u << lane) - 1u)));
-  std::uint32_t const slot = first + rank >= q.capacity ? first + rank - q.capacity : first + rank;
+  std::uint32_t const slot = ring_slot(first, rank, q.capacity);
   bool ok = true;
   if (mine) {
     Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, q.id);

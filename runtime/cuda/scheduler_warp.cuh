@@ -4,7 +4,8 @@
 // four slots, ballots find the filled prefix, one fence covers the batch); every doorbell of a
 // pass is rung behind a single release fence; the successors of a fan-out entry are loaded 128
 // at a time. Loop state (queue head, ready-list ends, counts) is kept identical in every lane, so
-// every branch is warp-uniform.
+// every branch is warp-uniform; beside each 64-bit position it keeps the slot (ring_slot,
+// runtime/queue.hpp), so no pass computes a remainder.
 #pragma once
 
 #include "runtime/scheduler_loop.hpp"
@@ -18,15 +19,6 @@ __device__ __forceinline__ unsigned lane_id() {
 }
 __device__ __forceinline__ unsigned lanes_below() {
   return (1u << lane_id()) - 1u;
-}
-
-// Slot `slot` + `d` of a ring of `capacity` slots, for d <= capacity. The scheduler keeps 32-bit
-// slots beside its 64-bit positions: each `position % capacity` was a 64-bit remainder, a long
-// software sequence that the warp, alone on its SM, paid in latency a dozen times a pass.
-__device__ __forceinline__ std::uint32_t ring_slot(std::uint32_t slot, std::uint32_t d,
-                                                   std::uint32_t capacity) {
-  std::uint32_t const at = slot + d;
-  return at >= capacity ? at - capacity : at;
 }
 
 __device__ __forceinline__ void fence_acquire() {
@@ -145,7 +137,7 @@ class WarpReadyList {
       head_[l] = 0;
       tail_[l] = s.graph.ring_roots[Policy::first_ring + l];
       head_slot_[l] = 0;
-      tail_slot_[l] = warp::ring_slot(0, s.graph.ring_roots[Policy::first_ring + l], capacity_);
+      tail_slot_[l] = ring_slot(0, s.graph.ring_roots[Policy::first_ring + l], capacity_);
     }
   }
 
@@ -157,11 +149,11 @@ class WarpReadyList {
       unsigned const mask = __ballot_sync(0xFFFFFFFFu, valid && level == l);
       if (valid && level == l) {
         std::uint32_t const at =
-            warp::ring_slot(tail_slot_[l], __popc(mask & warp::lanes_below()), capacity_);
+            ring_slot(tail_slot_[l], __popc(mask & warp::lanes_below()), capacity_);
         storage_[l * capacity_ + at] = entry & kRefMask;
       }
       tail_[l] += __popc(mask);
-      tail_slot_[l] = warp::ring_slot(tail_slot_[l], __popc(mask), capacity_);
+      tail_slot_[l] = ring_slot(tail_slot_[l], __popc(mask), capacity_);
     }
     __syncwarp();
   }
@@ -183,9 +175,9 @@ class WarpReadyList {
       std::uint64_t const have = tail_[k] - head_[k];
       std::uint32_t const m = static_cast<std::uint32_t>(have < n - taken ? have : n - taken);
       if (lane >= taken && lane < taken + m)
-        ref = storage_[k * capacity_ + warp::ring_slot(head_slot_[k], lane - taken, capacity_)];
+        ref = storage_[k * capacity_ + ring_slot(head_slot_[k], lane - taken, capacity_)];
       head_[k] += m;
-      head_slot_[k] = warp::ring_slot(head_slot_[k], m, capacity_);
+      head_slot_[k] = ring_slot(head_slot_[k], m, capacity_);
       taken += m;
     }
     return ref;
@@ -263,12 +255,12 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
       std::uint32_t const n = static_cast<std::uint32_t>(m < 32 ? m : 32);
       TaskRef const ref = ready.take(n);
       std::uint64_t const credit =
-          lane < n ? s.idle_list[warp::ring_slot(idle_head_slot, lane, s.processors)] : 0;
+          lane < n ? s.idle_list[ring_slot(idle_head_slot, lane, s.processors)] : 0;
       if (lane < n)
         store_relaxed(s.doorbells[idle_processor(credit)].word,
                       doorbell_word(idle_ring(credit), ref));
       idle_head_pos += n;
-      idle_head_slot = warp::ring_slot(idle_head_slot, n, s.processors);
+      idle_head_slot = ring_slot(idle_head_slot, n, s.processors);
     }
     return true;
   };
