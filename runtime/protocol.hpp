@@ -182,14 +182,18 @@ LOOM_HD LOOM_INLINE void hand_over_credit(RuntimeState const& s, ProcessorLink& 
 // (bounded) after handing over the credit or the count the scheduler does not have yet. With
 // prefetch (the previous task ran at least prefetch_after_ns) the credit goes back to the
 // scheduler as soon as a ref is taken: give_prefetch_credit, next. kStopRef: the launch is over.
-// False when the wait ended on an error.
+// `peeked`, when not kStopRef, is ring link.credits's ref, already taken from the doorbell (with
+// its acquire) by another thread of the processor, ordered before this call: it stands for the
+// first poll. False when the wait ended on an error.
 LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& link, Doorbell& bell,
-                                        Watchdog& bell_dog, TaskRef& ref) {
+                                        Watchdog& bell_dog, TaskRef& ref,
+                                        TaskRef peeked = kStopRef) {
   ref = link.kept;
   link.kept = kStopRef;
   if (ref == kStopRef) {
     // With the credit out, a ring is likely there already (kRingPolls).
-    bool rung = false;
+    bool rung = link.credit_out && peeked != kStopRef;
+    if (rung) ref = peeked;
     for (std::uint32_t i = 0; link.credit_out && !rung && i < kRingPolls; ++i)
       rung = doorbell_poll(bell, link.credits, ref);
     if (!rung) {

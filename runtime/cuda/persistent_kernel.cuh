@@ -15,7 +15,9 @@ namespace loom {
 // the runtime across it.
 struct ProcessorShared {
   Task task;
+  Task next;  // warp 1's: the descriptor of `peeked` (peek_ring_warp)
   TaskRef ref;
+  TaskRef peeked;         // the ring warp 1 took during the last finish, or kStopRef
   ProcessorLink link;     // thread 0's
   std::uint64_t asked;    // thread 0, tracing: when it began waiting for the task
   std::uint64_t started;  // thread 0, tracing: when the task began
@@ -29,14 +31,21 @@ __device__ __forceinline__ void block_barrier() {
   __syncthreads();
 }
 
+// Warps 0 and 1 alone (named barrier 1; every body has ended, so none of its barriers is open).
+__device__ __forceinline__ void first_two_warps_barrier() {
+  __syncwarp();
+  asm volatile("bar.sync 1, 64;" ::: "memory");
+}
+
 // Processor block: thread 0 takes the next task (take_next_task: doorbell, reports; then the
 // prefetch credit), every thread copies the descriptor and runs the body, and warp 0 completes
-// the task (finish_task_warp: the arrival on its event, the release of its successors).
-// Three block barriers per task. When thread 0's arrival releases a successor and the scheduler
-// holds no backlog, the block runs that successor next without going through the scheduler (local
-// dispatch). Thread 0 builds its watchdogs where it waits, so that they hold no registers during
-// a body.
-// Inlined into the kernel: ptxas serializes a wgmma pipeline that sits in a called function.
+// the task (finish_task_warp: the arrival on its event, the release of its successors) while
+// warp 1 peeks at the doorbell for the ring a prefetch credit asked for and loads its descriptor
+// (peek_ring_warp). Three block barriers per task, and one of warps 0 and 1. When thread 0's
+// arrival releases a successor and the scheduler holds no backlog, the block runs that successor
+// next without going through the scheduler (local dispatch). Thread 0 builds its watchdogs where it
+// waits, so that they hold no registers during a body. Inlined into the kernel: ptxas serializes a
+// wgmma pipeline that sits in a called function.
 template <class Pipeline, class Policy>
 __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
                                                     SymmetricView const& heap,
@@ -48,6 +57,7 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
   TaskContext ctx(s, epoch, who, heap, task_shared);
   if (threadIdx.x == 0) {
     sh.link = ProcessorLink::start(me);
+    sh.peeked = kStopRef;
     sh.alive = true;
   }
   for (;;) {
@@ -56,20 +66,22 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
       if (s.trace) sh.asked = now_ns();
       if (sh.alive) {
         Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
-        sh.alive = take_next_task(s, sh.link, s.doorbells[me], bell_dog, ref);
+        sh.alive = take_next_task(s, sh.link, s.doorbells[me], bell_dog, ref, sh.peeked);
       }
       sh.ref = sh.alive ? ref : kStopRef;
     }
     block_barrier();
     TaskRef const ref = sh.ref;
     if (ref == kStopRef) return;
-    // Dynamic descriptors were written by other SMs in this launch: read them from L2. Warp 1
-    // loads while thread 0 gives the prefetch credit (one store).
+    // Dynamic descriptors were written by other SMs in this launch: read them from L2, unless
+    // warp 1 already did (the peeked ring). Warp 1 loads while thread 0 gives the prefetch credit
+    // (one store).
     static_assert(sizeof(Task) / sizeof(uint4) <= 32);
     if (threadIdx.x >= 32 && threadIdx.x < 32 + sizeof(Task) / sizeof(uint4)) {
       unsigned const i = threadIdx.x - 32;
       uint4 const* src = reinterpret_cast<uint4 const*>(&s.task(ref));
-      reinterpret_cast<uint4*>(&sh.task)[i] = __ldcg(src + i);
+      reinterpret_cast<uint4*>(&sh.task)[i] =
+          ref == sh.peeked ? reinterpret_cast<uint4 const*>(&sh.next)[i] : __ldcg(src + i);
     }
     if (threadIdx.x == 0) {
       // A compiler barrier: without it the compiler loaded sh.link.credit_due in every thread
@@ -87,7 +99,10 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
       if (threadIdx.x == 0) record_trace(s, sh.task, me, sh.asked, sh.started);
       bool const ok = finish_task_warp(s, sh.link, sh.task, epoch, who, Policy::local_dispatch);
       if (threadIdx.x == 0) sh.alive = ok;
+    } else if (threadIdx.x < 64) {
+      peek_ring_warp(s, sh.link, s.doorbells[me], sh.next, sh.peeked);
     }
+    if (threadIdx.x < 64) first_two_warps_barrier();  // the peek before thread 0's take
   }
 }
 
