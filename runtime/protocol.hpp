@@ -65,34 +65,13 @@ LOOM_HD void release_fanout(RuntimeState const& s, EventId e, std::uint64_t epoc
   }
 }
 
-// The release by the last arrival on an event with more than kFanOutAbove successors: one
-// fan-out entry for the scheduler.
-LOOM_HD LOOM_INLINE bool release_wide(RuntimeState const& s, EventId e, Watchdog& dog) {
-  return queue_push(s.ready, fanout_entry(e), dog);
-}
-
-// The release by the last arrival on an event with a single successor, its successor word in
-// hand: if this was the successor's last gate, it is kept in *keep (when keep is not null and
-// holds kStopRef) or pushed to the ready queue.
-LOOM_HD LOOM_INLINE bool release_single(RuntimeState const& s, std::uint64_t word,
-                                        std::uint64_t epoch, Watchdog& dog, TaskRef* keep) {
-  std::uint32_t const entry = static_cast<std::uint32_t>(word);
-  if (!gate_opened(s, entry & kRefMask, static_cast<std::uint32_t>(word >> 32), epoch)) return true;
-  if (keep && *keep == kStopRef) {
-    *keep = entry & kRefMask;
-    return true;
-  }
-  return queue_push(s.ready, entry, dog);
-}
-
 LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t epoch, WaiterId who,
                                 Watchdog& dog, TaskRef* keep = nullptr) {
   EventDesc const ev = s.graph.events[e];
   Arrival const arrival = count_arrival(s, e, ev, epoch, who);
   if (arrival != Arrival::last) return arrival == Arrival::counted;
   std::uint32_t const m = ev.succ_end - ev.succ_begin;
-  if (m > kFanOutAbove) return release_wide(s, e, dog);
-  if (m == 1) return release_single(s, s.graph.successors[ev.succ_begin], epoch, dog, keep);
+  if (m > kFanOutAbove) return queue_push(s.ready, fanout_entry(e), dog);
   std::uint64_t words[kPushChunk];
   LOOM_UNROLL
   for (std::uint32_t i = 0; i < kPushChunk; ++i)
@@ -136,12 +115,18 @@ LOOM_HD LOOM_INLINE void record_trace(RuntimeState const& s, Task const& task,
                              static_cast<std::uint32_t>(wait < 0xFFFFFFFFu ? wait : 0xFFFFFFFFu)};
 }
 
-// Local dispatch (keep the first released successor and run it next) is offered only when the
-// policy allows it and the scheduler has handed out every task ever pushed to the ready queue, so
-// a kept successor overtakes no task that was already ready.
-LOOM_HD LOOM_INLINE bool may_keep_successor(RuntimeState const& s, bool local_dispatch) {
-  return local_dispatch &&
-         load_relaxed(*s.ready.tail) == load_relaxed(s.counters->drained_at.value);
+// After a task: one beat of the heartbeat (fire-and-forget), then the arrival on its event. Local
+// dispatch (keep the first released successor and run it next) is offered only when the policy
+// allows it and the scheduler has handed out every task ever pushed to the ready queue, so a kept
+// successor overtakes no task that was already ready.
+LOOM_HD LOOM_INLINE bool complete_task(RuntimeState const& s, Task const& task, std::uint64_t epoch,
+                                       WaiterId who, Watchdog& dog, bool may_keep, TaskRef& keep) {
+  keep = kStopRef;
+  fetch_add_relaxed(s.counters->beat.value, std::uint64_t{1});
+  if (task.header.event == kNoEvent) return true;
+  bool const local =
+      may_keep && load_relaxed(*s.ready.tail) == load_relaxed(s.counters->drained_at.value);
+  return arrive(s, task.header.event, epoch, who, dog, local ? &keep : nullptr);
 }
 
 // A processor's side of the doorbell protocol (the CPU executor's processor thread, the GPU
@@ -236,27 +221,15 @@ LOOM_HD LOOM_INLINE void give_prefetch_credit(RuntimeState const& s, ProcessorLi
   hand_over_credit(s, link);
 }
 
-// The bookkeeping of a finished task before its arrival (finish_task; the GPU's
-// finish_task_warp): how long it ran (the next prefetch decision), the count, no kept successor
-// yet, and one beat of the heartbeat (fire-and-forget).
-LOOM_HD LOOM_INLINE void count_finished(RuntimeState const& s, ProcessorLink& link) {
-  if (s.prefetch_after_ns != kNoPrefetch) link.last_ns = now_ns() - link.taken_ns;
-  ++link.completed;
-  link.kept = kStopRef;
-  fetch_add_relaxed(s.counters->beat.value, std::uint64_t{1});
-}
-
-// After running `task`: counts it and arrives on its event, keeping a released successor when
-// local dispatch may (may_keep_successor).
+// After running `task`: counts it and completes it, keeping a released successor when the policy
+// allows local dispatch.
 LOOM_HD LOOM_INLINE bool finish_task(RuntimeState const& s, ProcessorLink& link, Task const& task,
                                      std::uint64_t epoch, WaiterId who, Watchdog& push_dog,
                                      bool local_dispatch) {
   push_dog.reset();
-  count_finished(s, link);
-  EventId const e = task.header.event;
-  if (e == kNoEvent) return true;
-  TaskRef* const keep = may_keep_successor(s, local_dispatch) ? &link.kept : nullptr;
-  if (arrive(s, e, epoch, who, push_dog, keep)) return true;
+  if (s.prefetch_after_ns != kNoPrefetch) link.last_ns = now_ns() - link.taken_ns;
+  ++link.completed;
+  if (complete_task(s, task, epoch, who, push_dog, local_dispatch, link.kept)) return true;
   link.kept = kStopRef;
   return false;
 }

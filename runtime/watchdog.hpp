@@ -36,7 +36,12 @@ class Watchdog {
  public:
   LOOM_HD Watchdog(ErrorRecord& errors, WaiterId who, std::uint64_t limit_ns, WaitSite site,
                    std::uint32_t object)
-      : errors_(errors), who_(who), limit_ns_(limit_ns), site_(site), object_(object) {}
+      : errors_(errors),
+        who_(who),
+        limit_ns_(limit_ns),
+        site_(site),
+        object_(object),
+        start_(now_ns()) {}
 
   // Call once per unsuccessful poll. Returns false when the wait must end: another actor
   // reported an error, or this wait timed out (then this call records the error).
@@ -51,11 +56,8 @@ class Watchdog {
   // Like keep_waiting, but on expiry reports instead of recording, so the caller can record an
   // error with more detail than the site alone.
   enum class Poll { keep_waiting, failed_elsewhere, expired };
-  // The bound counts from the first unsuccessful poll: a wait that is satisfied at once (most of
-  // them) reads no clock. (Read at construction, the clock cost a released chain link 0.08 µs on
-  // an H100: a watchdog built for a push that local dispatch then skipped.)
   LOOM_HD LOOM_INLINE Poll poll() {
-    if (polls_++ == 0) start_ = now_ns();
+    ++polls_;
     back_off();
     if ((polls_ & 15u) != 0) return Poll::keep_waiting;
     if (has_error(errors_)) return Poll::failed_elsewhere;
@@ -63,8 +65,11 @@ class Watchdog {
     return Poll::keep_waiting;
   }
 
-  // Progress was made; the bound starts again (at the next unsuccessful poll).
-  LOOM_HD LOOM_INLINE void reset() { polls_ = 0; }
+  // Progress was made; the bound starts again.
+  LOOM_HD LOOM_INLINE void reset() {
+    start_ = now_ns();
+    polls_ = 0;
+  }
 
  private:
   LOOM_HD LOOM_INLINE void back_off() const {
@@ -82,7 +87,7 @@ class Watchdog {
   std::uint64_t limit_ns_;
   WaitSite site_;
   std::uint32_t object_;
-  std::uint64_t start_ = 0;  // set by the first unsuccessful poll
+  std::uint64_t start_;
   std::uint32_t polls_ = 0;
 };
 

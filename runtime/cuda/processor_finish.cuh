@@ -82,22 +82,35 @@ __device__ __forceinline__ bool finish_task_warp(RuntimeState const& s, Processo
   if (lane == 0 && has_error(*s.error)) {
     outcome = 1;
   } else if (lane == 0) {
-    count_finished(s, link);
+    if (s.prefetch_after_ns != kNoPrefetch) link.last_ns = now_ns() - link.taken_ns;
+    ++link.completed;
+    link.kept = kStopRef;
+    fetch_add_relaxed(s.counters->beat.value, std::uint64_t{1});
     if (e != kNoEvent) {
-      local = may_keep_successor(s, local_dispatch);
+      local = local_dispatch &&
+              load_relaxed(*s.ready.tail) == load_relaxed(s.counters->drained_at.value);
       Arrival const arrival = count_arrival(s, e, ev, epoch, who);
-      std::uint32_t const m = ev.succ_end - ev.succ_begin;
       if (arrival == Arrival::failed) {
         outcome = 1;
-      } else if (arrival == Arrival::last && m > 1 && m <= kFanOutAbove) {
-        outcome = 2;
-      } else if (arrival == Arrival::last && m != 0) {
+      } else if (arrival == Arrival::last) {
         // One successor (a chain's link) is lane 0's alone: the warp's shuffles would only add
-        // to the hop. A wide fan-out goes to the scheduler.
-        Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
-        bool const ok = m == 1 ? release_single(s, word, epoch, dog, local ? &link.kept : nullptr)
-                               : release_wide(s, e, dog);
-        outcome = ok ? 0 : 1;
+        // to the hop.
+        std::uint32_t const m = ev.succ_end - ev.succ_begin;
+        std::uint32_t const entry = static_cast<std::uint32_t>(word);
+        std::uint32_t const gates = static_cast<std::uint32_t>(word >> 32);
+        if (m == 1 && gate_opened(s, entry & kRefMask, gates, epoch)) {
+          if (local) {
+            link.kept = entry & kRefMask;
+          } else {
+            Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
+            outcome = queue_push(s.ready, entry, dog) ? 0 : 1;
+          }
+        } else if (m > kFanOutAbove) {
+          Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
+          outcome = queue_push(s.ready, fanout_entry(e), dog) ? 0 : 1;
+        } else if (m > 1) {
+          outcome = 2;
+        }
       }
     }
   }
