@@ -105,15 +105,21 @@ TEST_P(EpCpu, FusedRouterMatchesFloat64ReferenceOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, EpCpu, ::testing::Values(2u, 4u, 8u));
 
-// Caller routings that stress the exchange: all tokens to one rank's experts, one hot expert,
-// a rank with no tokens, -1 entries, and top-k equal to the experts per rank. The hot expert
-// gets 1034 rows from four sources: nine 128-row M-tiles, so two M-tile groups, the second of
-// one partial tile.
-TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
-  std::uint32_t const world = 4;
-  MoEConfig const c = ep_config(8, 2, 260);  // two experts per rank: top-k = E_local
+// Caller routings that stress the exchange, on 2, 4 and 8 ranks of two experts each: all tokens
+// to one rank's experts, one hot expert, a rank with no tokens, -1 entries, and top-k equal to
+// the experts per rank. The hot expert gets a row from every token of every rank (1034 rows on
+// four ranks: nine 128-row M-tiles, so two M-tile groups, the second of one partial tile).
+class EpCpuSkewed : public ::testing::TestWithParam<std::uint32_t> {};
+INSTANTIATE_TEST_SUITE_P(Worlds, EpCpuSkewed, ::testing::Values(2u, 4u, 8u));
+
+TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
+  std::uint32_t const world = GetParam();
+  std::int32_t const experts = static_cast<std::int32_t>(2 * world);
+  MoEConfig const c = ep_config(2 * world, 2, 260);  // two experts per rank: top-k = E_local
   ASSERT_EQ(make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).local.tile_rows,
             128u);
+  std::int32_t const hot = experts - 3;  // local expert 1 of rank world - 2
+  std::uint32_t const idle = world > 2 ? 2 : 1;
   std::uint64_t const seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(c, seed);
@@ -123,7 +129,7 @@ TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
   for (int pattern = 0; pattern < 5; ++pattern) {
     std::vector<RankData> ranks(world);
     for (std::uint32_t r = 0; r < world; ++r) {
-      std::uint32_t const tokens = pattern == 3 && r == 2 ? 0 : c.max_tokens - r;
+      std::uint32_t const tokens = pattern == 3 && r == idle ? 0 : c.max_tokens - r;
       RankData& d = ranks[r];
       d.x = random_tokens(c, tokens, seed + r + 100 * pattern);
       d.out = poisoned(d.x.size());
@@ -136,16 +142,17 @@ TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
             a = 2, b = 3;
             break;  // all to rank 1's experts
           case 1:
-            a = 5, b = -1;
+            a = hot, b = -1;
             break;  // one hot expert
           case 2:
-            a = t % 3 ? int(rng() % 8) : -1, b = -1;
+            a = t % 3 ? std::int32_t(rng() % experts) : -1, b = -1;
             break;  // -1 entries
           case 3:
-            a = int(rng() % 8), b = (a + 1 + rng() % 7) % 8;
-            break;  // rank 2 idle
+            a = std::int32_t(rng() % experts),
+            b = (a + 1 + std::int32_t(rng() % (experts - 1))) % experts;
+            break;  // rank `idle` has no tokens
           default:
-            a = int(2 * (t % 4)), b = a + 1;
+            a = std::int32_t(2 * (t % world)), b = a + 1;
             break;  // both slots on one rank
         }
         if (a == b) b = -1;
@@ -162,7 +169,7 @@ TEST(EpCpu, SkewedCallerRoutingsMatchReference) {
       EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "pattern " << pattern << " rank " << r;
     }
     if (pattern == 1) {
-      auto const rows = layer.local_expert_rows(2);  // expert 5 = rank 2's local expert 1
+      auto const rows = layer.local_expert_rows(static_cast<std::uint32_t>(hot) / 2);
       std::uint32_t total = 0;
       for (std::uint32_t r = 0; r < world; ++r) total += c.max_tokens - r;
       EXPECT_EQ(rows[1], total);
@@ -201,12 +208,16 @@ TEST(EpCpu, OutputIsBitwiseIdenticalAcrossWorldSizes) {
   }
 }
 
-// Every remote write of a call, for random and adversarial routings: no two writes share a
-// byte, each lands in the region meant for it, and a token travels once to each rank that
-// holds any of its experts.
-TEST(EpCpu, RemoteWritesNeverOverlapAndTokensTravelOncePerRank) {
-  std::uint32_t const world = 4;
-  MoEConfig const c = ep_config(8, 4, 40);
+// Every remote write of a call on 2, 4 and 8 ranks of two experts each, for random and
+// adversarial routings: no two writes share a byte, each lands in the region meant for it, and a
+// token travels once to each rank that holds any of its experts.
+class EpCpuWrites : public ::testing::TestWithParam<std::uint32_t> {};
+INSTANTIATE_TEST_SUITE_P(Worlds, EpCpuWrites, ::testing::Values(2u, 4u, 8u));
+
+TEST_P(EpCpuWrites, NeverOverlapAndTokensTravelOncePerRank) {
+  std::uint32_t const world = GetParam();
+  std::int32_t const last = static_cast<std::int32_t>(2 * world - 1);
+  MoEConfig const c = ep_config(2 * world, 4, 40);
   std::uint64_t const seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(c, seed);
@@ -230,8 +241,8 @@ TEST(EpCpu, RemoteWritesNeverOverlapAndTokensTravelOncePerRank) {
         std::vector<std::int32_t> experts(c.experts);
         std::iota(experts.begin(), experts.end(), 0);
         std::shuffle(experts.begin(), experts.end(), rng);
-        if (pattern == 1) experts = {0, 1, 2, 3, 4, 5, 6, 7};  // every token to ranks 0 and 1
-        if (pattern == 3) experts = {7, 6, -1, -1};            // all to the last rank
+        if (pattern == 1) experts = {0, 1, 2, 3};              // every token to ranks 0 and 1
+        if (pattern == 3) experts = {last, last - 1, -1, -1};  // all to the last rank
         std::uint32_t mask = 0;
         for (std::uint32_t j = 0; j < c.top_k; ++j) {
           d.ids[t * c.top_k + j] = experts[j];
@@ -311,10 +322,14 @@ TEST(EpCpu, ChaosInterleavingsGiveTheSameBits) {
   }
 }
 
-// A rank that never sends: every other rank ends the call with a watchdog error naming it.
-TEST(EpCpu, ARankThatNeverArrivesIsNamedByTheOthers) {
-  std::uint32_t const world = 4, silent = 2;
-  MoEConfig const c = ep_config(8, 2, 16);
+// A rank that never sends, on 2, 4 and 8 ranks: every other rank ends the call with a watchdog
+// error naming it.
+class EpCpuSilent : public ::testing::TestWithParam<std::uint32_t> {};
+INSTANTIATE_TEST_SUITE_P(Worlds, EpCpuSilent, ::testing::Values(2u, 4u, 8u));
+
+TEST_P(EpCpuSilent, ARankThatNeverArrivesIsNamedByTheOthers) {
+  std::uint32_t const world = GetParam(), silent = world / 2;
+  MoEConfig const c = ep_config(2 * world, 2, 16);
   loom::CpuOptions o = ep_options(world);
   o.watchdog = std::chrono::milliseconds(400);
   CpuEpMoELayer layer(c, random_weights(c, 5), world, o, silent);
@@ -333,7 +348,7 @@ TEST(EpCpu, ARankThatNeverArrivesIsNamedByTheOthers) {
   for (std::uint32_t r = 0; r < world; ++r) {
     if (r == silent) continue;
     EXPECT_NE(message.find("subscriber (block 0, rank " + std::to_string(r) +
-                           "): waited on a signal from peer rank 2"),
+                           "): waited on a signal from peer rank " + std::to_string(silent)),
               std::string::npos)
         << message;
   }
