@@ -2,11 +2,27 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "runtime/error.hpp"
 
 namespace loom {
+
+namespace {
+
+std::string type_name(std::uint16_t type, char const* const* type_names, std::uint32_t type_count) {
+  return type < type_count ? type_names[type] : "type " + std::to_string(type);
+}
+
+std::uint64_t median_of(std::vector<std::uint64_t>& v) {
+  if (v.empty()) return 0;
+  auto const mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+}  // namespace
 
 std::string chrome_trace_json(std::vector<TraceRecord> const& records,
                               char const* const* type_names, std::uint32_t type_count) {
@@ -20,14 +36,97 @@ std::string chrome_trace_json(std::vector<TraceRecord> const& records,
   for (auto const& r : records) {
     if (!first) os << ",";
     first = false;
-    std::string const name =
-        r.type < type_count ? type_names[r.type] : "type " + std::to_string(r.type);
+    std::string const name = type_name(r.type, type_names, type_count);
     os << "\n{\"name\":\"" << name << "\",\"cat\":\"task\",\"ph\":\"X\",\"pid\":" << r.rank
        << ",\"tid\":" << r.processor << ",\"ts\":" << (r.start_ns - origin) / 1000.0
        << ",\"dur\":" << (r.end_ns - r.start_ns) / 1000.0 << ",\"args\":{\"task_id\":" << r.task_id
        << ",\"wait_us\":" << r.wait_ns / 1000.0 << "}}";
   }
   os << "\n]}\n";
+  return os.str();
+}
+
+std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& records) {
+  if (records.empty()) return {};
+  std::uint64_t origin = ~std::uint64_t{0};
+  for (auto const& r : records) origin = std::min(origin, r.start_ns);
+  // Each track's tasks in start order, for the gap before each.
+  std::vector<std::size_t> order(records.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    TraceRecord const& x = records[a];
+    TraceRecord const& y = records[b];
+    if (x.rank != y.rank) return x.rank < y.rank;
+    if (x.processor != y.processor) return x.processor < y.processor;
+    return x.start_ns < y.start_ns;
+  });
+  struct Acc {
+    TraceTypeSummary s{};
+    std::vector<std::uint64_t> durations, waits, gaps;
+  };
+  std::vector<Acc> by_type;
+  std::vector<int> slot;  // type -> index in by_type, -1 while unseen
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    TraceRecord const& r = records[order[k]];
+    if (r.type >= slot.size()) slot.resize(std::size_t{r.type} + 1, -1);
+    if (slot[r.type] < 0) {
+      slot[r.type] = static_cast<int>(by_type.size());
+      by_type.emplace_back();
+      by_type.back().s.type = r.type;
+      by_type.back().s.first_start_ns = ~std::uint64_t{0};
+    }
+    Acc& a = by_type[static_cast<std::size_t>(slot[r.type])];
+    std::uint64_t const start = r.start_ns - origin, end = r.end_ns - origin;
+    ++a.s.count;
+    a.s.first_start_ns = std::min(a.s.first_start_ns, start);
+    a.s.last_start_ns = std::max(a.s.last_start_ns, start);
+    a.s.last_end_ns = std::max(a.s.last_end_ns, end);
+    a.durations.push_back(r.end_ns - r.start_ns);
+    a.waits.push_back(r.wait_ns);
+    if (k > 0) {
+      TraceRecord const& p = records[order[k - 1]];
+      if (p.rank == r.rank && p.processor == r.processor)
+        a.gaps.push_back(r.start_ns > p.end_ns ? r.start_ns - p.end_ns : 0);
+    }
+  }
+  std::vector<TraceTypeSummary> out;
+  for (Acc& a : by_type) {
+    a.s.median_ns = median_of(a.durations);
+    a.s.median_wait_ns = median_of(a.waits);
+    a.s.gapped = static_cast<std::uint32_t>(a.gaps.size());
+    a.s.median_gap_ns = median_of(a.gaps);
+    out.push_back(a.s);
+  }
+  std::stable_sort(out.begin(), out.end(), [](auto const& x, auto const& y) {
+    return x.first_start_ns < y.first_start_ns;
+  });
+  return out;
+}
+
+std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
+                                 char const* const* type_names, std::uint32_t type_count) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  std::string head = "type";
+  head.resize(20, ' ');
+  os << head << " " << std::setw(8) << "tasks" << std::setw(16) << "first start" << std::setw(14)
+     << "last start" << std::setw(14) << "last end" << std::setw(10) << "median" << std::setw(15)
+     << "median wait" << std::setw(14) << "median gap"
+     << "\n";
+  for (auto const& t : summary) {
+    std::string name = type_name(t.type, type_names, type_count);
+    name.resize(std::max<std::size_t>(name.size(), 20), ' ');
+    os << name << " " << std::setw(8) << t.count << std::setw(13) << t.first_start_ns / 1000.0
+       << " us" << std::setw(11) << t.last_start_ns / 1000.0 << " us" << std::setw(11)
+       << t.last_end_ns / 1000.0 << " us" << std::setw(7) << t.median_ns / 1000.0 << " us"
+       << std::setw(12) << t.median_wait_ns / 1000.0 << " us";
+    if (t.gapped != 0)
+      os << std::setw(11) << t.median_gap_ns / 1000.0 << " us";
+    else
+      os << std::setw(14) << "-";
+    os << "\n";
+  }
   return os.str();
 }
 

@@ -16,4 +16,27 @@ void write_chrome_trace(std::string const& path, std::vector<TraceRecord> const&
 std::string chrome_trace_json(std::vector<TraceRecord> const& records,
                               char const* const* type_names, std::uint32_t type_count);
 
+// One task type of a trace: how many of its tasks ran, when (ns after the trace's first task
+// began: the first start, the last start, the last end), the median duration, the median wait
+// (TraceRecord::wait_ns), and the median gap before it on its track (the end of the task its
+// processor of the same rank ran before it, to its start; over the `gapped` tasks that had one).
+// What happens between two tasks of a processor: the first's completion (its arrival and
+// emissions), then the wait for the second.
+struct TraceTypeSummary {
+  std::uint16_t type;
+  std::uint32_t count;
+  std::uint64_t first_start_ns, last_start_ns, last_end_ns;
+  std::uint64_t median_ns, median_wait_ns;
+  std::uint32_t gapped;
+  std::uint64_t median_gap_ns;  // 0 when gapped is 0
+};
+
+// The types of `records` in the order of their first start. Medians of an even count are the
+// upper middle value.
+std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& records);
+
+// The summary as a table, a line per type, times in µs.
+std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
+                                 char const* const* type_names, std::uint32_t type_count);
+
 }  // namespace loom

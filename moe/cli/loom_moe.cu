@@ -52,7 +52,8 @@ class Progress {
 Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
             std::uint32_t tokens, unsigned iters, bool trace) {
   loom::CpuOptions options;
-  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
+  options.trace_capacity =
+      trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
   CpuMoELayer layer(c, w, options);
   Run r;
   r.device = "CPU executor (" + std::to_string(options.processors) + " processor threads)";
@@ -75,7 +76,8 @@ Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
 Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
              std::uint32_t tokens, unsigned iters, bool trace) {
   loom::GpuOptions options;
-  options.trace_capacity = trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
+  options.trace_capacity =
+      trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
   GpuMoELayer layer(c, w, options);
   cudaDeviceProp prop{};
   int dev = 0;
@@ -151,7 +153,8 @@ int main(int argc, char** argv) {
       ("check", po::bool_switch(&check), "compare with the float64 reference")
       ("check-tokens", po::value(&check_tokens)->default_value(check_tokens),
        "tokens the reference recomputes (sampled evenly)")
-      ("trace", po::value(&trace_path), "write the last call's tasks as Chrome-trace JSON")
+      ("trace", po::value(&trace_path),
+       "write the last call's tasks as Chrome-trace JSON and print a summary per task type")
       ("json", po::value(&json_path), "write the results as JSON");
   // clang-format on
   try {
@@ -252,7 +255,10 @@ int main(int argc, char** argv) {
     }
     if (trace) {
       loom::write_chrome_trace(trace_path, r.trace, MoEPipeline::names, MoEPipeline::size);
-      std::printf("trace: %zu tasks written to %s\n", r.trace.size(), trace_path.c_str());
+      std::printf("trace: %zu tasks written to %s\n%s", r.trace.size(), trace_path.c_str(),
+                  loom::format_trace_summary(loom::summarize_trace(r.trace), MoEPipeline::names,
+                                             MoEPipeline::size)
+                      .c_str());
     }
     if (!json_path.empty()) {
       std::ofstream j(json_path);

@@ -1,0 +1,90 @@
+// The per-type summary of a trace (runtime/trace.hpp): counts, windows, medians of durations and
+// waits, and the gap before each task on its own track, on hand-made records and on a launch of
+// the CPU executor.
+#include "runtime/trace.hpp"
+
+#include <set>
+#include <string>
+
+#include "tests/cpu/test_graphs.hpp"
+
+namespace loom::test {
+namespace {
+
+// A record of `type` on (rank, processor), times in µs after 1000 µs.
+TraceRecord rec(std::uint16_t type, std::uint16_t rank, std::uint32_t processor,
+                std::uint64_t start_us, std::uint64_t end_us, std::uint32_t wait_us) {
+  return TraceRecord{
+      (1000 + start_us) * 1000, (1000 + end_us) * 1000, processor, type, rank, 0, wait_us * 1000};
+}
+
+TEST(TraceSummary, CountsWindowsMediansAndGapsPerTrack) {
+  // Type 2 runs first on both processors of rank 0; type 0 follows on each; processor 0 of
+  // rank 1 runs one task of type 0 whose only predecessor on the same processor number is on
+  // another rank (no gap for it).
+  std::vector<TraceRecord> const records = {
+      rec(0, 0, 0, 14, 20, 3),  // after type 2 on (0, 0): gap 4
+      rec(2, 0, 1, 1, 9, 1),    //
+      rec(2, 0, 0, 0, 10, 0),   //
+      rec(0, 0, 1, 10, 30, 1),  // after type 2 on (0, 1): gap 1
+      rec(0, 1, 0, 5, 12, 5),   // first on (1, 0)
+      rec(0, 0, 0, 22, 24, 2),  // after type 0 on (0, 0): gap 2
+  };
+  std::vector<TraceTypeSummary> const s = summarize_trace(records);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].type, 2u);  // first start 0 µs
+  EXPECT_EQ(s[0].count, 2u);
+  EXPECT_EQ(s[0].first_start_ns, 0u);
+  EXPECT_EQ(s[0].last_start_ns, 1000u);
+  EXPECT_EQ(s[0].last_end_ns, 10000u);
+  EXPECT_EQ(s[0].median_ns, 10000u);  // durations 8 and 10 µs: the upper middle
+  EXPECT_EQ(s[0].median_wait_ns, 1000u);
+  EXPECT_EQ(s[0].gapped, 0u);
+  EXPECT_EQ(s[0].median_gap_ns, 0u);
+
+  EXPECT_EQ(s[1].type, 0u);
+  EXPECT_EQ(s[1].count, 4u);
+  EXPECT_EQ(s[1].first_start_ns, 5000u);
+  EXPECT_EQ(s[1].last_start_ns, 22000u);
+  EXPECT_EQ(s[1].last_end_ns, 30000u);
+  EXPECT_EQ(s[1].median_ns, 7000u);       // durations 6, 20, 7, 2 µs
+  EXPECT_EQ(s[1].median_wait_ns, 3000u);  // waits 3, 1, 5, 2 µs
+  EXPECT_EQ(s[1].gapped, 3u);
+  EXPECT_EQ(s[1].median_gap_ns, 2000u);  // gaps 4, 1, 2 µs
+
+  char const* const names[] = {"zero", "one", "two"};
+  std::string const table = format_trace_summary(s, names, 3);
+  EXPECT_NE(table.find("two"), std::string::npos);
+  EXPECT_NE(table.find("zero"), std::string::npos);
+  EXPECT_LT(table.find("two"), table.find("zero"));  // in order of first start
+  EXPECT_TRUE(summarize_trace({}).empty());
+}
+
+TEST(TraceSummary, CoversEveryTaskOfALaunch) {
+  // 100 independent tasks then a chain of two: the same Stamp type, every task counted once.
+  Recorder r(102);
+  GraphBuilder b;
+  EventId const e = b.add_event(100);
+  for (std::uint32_t t = 0; t < 100; ++t) b.add_task(stamp_task(r, t, e));
+  EventId const e2 = b.add_event(1);
+  b.add_task(stamp_task(r, 100, e2), {e});
+  b.add_task(stamp_task(r, 101), {e2});
+  Graph const g = b.build();
+  CpuOptions o = options_with(3);
+  o.trace_capacity = 256;
+  CpuExecutor<TestPipeline> ex(one_rank(g), o);
+  ex.run();
+  std::vector<TraceRecord> const trace = ex.take_trace(0);
+  std::vector<TraceTypeSummary> const s = summarize_trace(trace);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].type, TestPipeline::id<Stamp>);
+  EXPECT_EQ(s[0].count, 102u);
+  EXPECT_EQ(s[0].first_start_ns, 0u);
+  EXPECT_GE(s[0].last_end_ns, s[0].last_start_ns);
+  std::set<std::uint32_t> tracks;  // one rank: a track per processor that ran a task
+  for (TraceRecord const& t : trace) tracks.insert(t.processor);
+  EXPECT_EQ(s[0].gapped, 102u - tracks.size());  // every task but each track's first
+}
+
+}  // namespace
+}  // namespace loom::test
