@@ -317,7 +317,8 @@ int main(int argc, char** argv) {
        "CPU executor: processor threads")
       ("policy", po::value(&policy)->default_value(policy), "scheduling policy: fifo, priority")
       ("trace", po::value(&trace_path), "write the last launch's tasks as Chrome-trace JSON "
-                                        "(open in Perfetto) to this file");
+                                        "(open in Perfetto) to this file and print a summary per "
+                                        "task type");
   // clang-format on
   try {
     po::variables_map vm;
@@ -370,7 +371,10 @@ int main(int argc, char** argv) {
     }
     if (!trace_path.empty()) {
       loom::write_chrome_trace(trace_path, out.trace, MlpPipeline::names, MlpPipeline::size);
-      std::printf("trace: %zu tasks written to %s\n", out.trace.size(), trace_path.c_str());
+      std::printf("trace: %zu tasks written to %s\n%s", out.trace.size(), trace_path.c_str(),
+                  loom::format_trace_summary(loom::summarize_trace(out.trace), MlpPipeline::names,
+                                             MlpPipeline::size)
+                      .c_str());
     }
     double const error = loom::examples::relative_error(out.y, reference);
     double const ms = median(out.launch_ms);
