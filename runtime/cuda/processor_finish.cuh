@@ -135,11 +135,11 @@ __device__ __forceinline__ bool finish_task_warp(RuntimeState const& s, Processo
 }
 
 // Warp 1 of a processor block while warp 0 finishes the task (finish_task_warp): with a prefetch
-// credit out, the ring it asked for is usually on the doorbell already. The warp takes that ring
-// (each lane's own acquire) and loads its descriptor into `next`, so that the next take_next_task
-// skips its poll and the block its descriptor load: two round trips to memory that otherwise
-// followed the finish's own. `peeked` is the ring's ref, or kStopRef when there was none (or a
-// stop, which thread 0 takes itself). Reads only link.credits and link.credit_out, which the
+// credit out, the ring it asked for is usually on the doorbell already. Lane 0 takes that ring
+// (one acquiring poll) and the warp loads its descriptor into `next`, so that the next
+// take_next_task skips its poll and the block its descriptor load: two round trips to memory that
+// otherwise followed the finish's own. `peeked` is the ring's ref, or kStopRef when there was none
+// (or a stop, which thread 0 takes itself). Reads only link.credits and link.credit_out, which the
 // finish does not write. Whole warp; no wait.
 __device__ __forceinline__ void peek_ring_warp(RuntimeState const& s, ProcessorLink const& link,
                                                Doorbell const& bell, Task& next, TaskRef& peeked) {
@@ -147,8 +147,10 @@ __device__ __forceinline__ void peek_ring_warp(RuntimeState const& s, ProcessorL
   static_assert(kWords <= 32);
   unsigned const lane = threadIdx.x % 32;
   TaskRef ref = kStopRef;
-  if (lane < kWords && link.credit_out && !doorbell_poll(bell, link.credits, ref)) ref = kStopRef;
-  if (ref != kStopRef)
+  if (lane == 0 && link.credit_out && !doorbell_poll(bell, link.credits, ref)) ref = kStopRef;
+  ref = __shfl_sync(0xFFFFFFFFu, ref, 0);
+  __syncwarp();  // orders the other lanes' descriptor loads after lane 0's acquire
+  if (ref != kStopRef && lane < kWords)
     reinterpret_cast<uint4*>(&next)[lane] =
         __ldcg(reinterpret_cast<uint4 const*>(&s.task(ref)) + lane);
   if (lane == 0) peeked = ref;
