@@ -153,6 +153,27 @@ void BM_GemmVsCublas(benchmark::State& state) {
   if (char const* max_n = std::getenv("LOOM_GEMM_MAX_BLOCK_N"))  // e.g. 128: no 128x256 tiles
     model.max_block_n = static_cast<std::uint32_t>(std::atoi(max_n));
   g::GemmConfig cfg = g::choose_gemm_config(shape, model);
+  // LOOM_GEMM_TILE=MxNsS (e.g. 128x256s4): that tile and split-K instead of the heuristic's, for
+  // sweeps that test the heuristic's choice; the deepest pipeline the tile fits.
+  if (char const* t = std::getenv("LOOM_GEMM_TILE"); t && *t) {
+    unsigned bm = 0, bn = 0, splits = 1;
+    if (std::sscanf(t, "%ux%us%u", &bm, &bn, &splits) < 2) {
+      state.SkipWithError("LOOM_GEMM_TILE: expected MxN or MxNsS, e.g. 128x256s4");
+      return;
+    }
+    g::GemmConfig forced = cfg;
+    forced.block_m = static_cast<std::uint16_t>(bm);
+    forced.block_n = static_cast<std::uint16_t>(bn);
+    forced.splits = static_cast<std::uint8_t>(splits);
+    std::uint32_t const k_blocks = (k + g::kBlockK - 1) / g::kBlockK;
+    if (!forced.shape_supported() || splits < 1 || splits > g::kMaxSplits || splits > k_blocks ||
+        (splits - 1) * g::split_k_blocks_per(k_blocks, splits) >= k_blocks) {
+      state.SkipWithError("LOOM_GEMM_TILE names a tile or split-K this shape cannot take");
+      return;
+    }
+    forced.stages = static_cast<std::uint8_t>(forced.max_stages());
+    cfg = forced;
+  }
   cfg.overlap = static_cast<std::uint8_t>(state.range(3));
   if (char const* st = std::getenv("LOOM_GEMM_STAGES"))  // pipeline depth, 2..the heuristic's
     cfg.stages = static_cast<std::uint8_t>(std::clamp(std::atoi(st), 2, int(cfg.stages)));
