@@ -4,17 +4,21 @@
 //
 // For each candidate tile (128x256, 128x128, 64x256, 128x64, 64x128) and split-K factor:
 //   k-block time = max(MMA time, time to fill the stage from L2)        one SM, one 64-deep K block
+//                  (64-column warpgroup tiles at a lower MMA rate)
 //   task time    = max(k blocks x k-block time, B bytes / one SM's HBM stream rate) + overhead
 //                  (+ writing and re-reading fp32 partial tiles when split)
 //   raw          = ceil(tasks / processors) x task time                 waves of tasks
-//   score        = max(raw, HBM floor) + 0.1 raw
+//   score        = max(raw, HBM floor) + 0.1 raw (+ the split-K tail when split)
 // HBM floor = (A + B + C bytes) / HBM bandwidth: no tiling beats it, so among configurations under
 // it the lower raw time (more SMs streaming, fewer waves) wins the tie. Small-M problems thus get
-// narrow N tiles and split-K instead of leaving most SMs idle; large ones get 128x256 tiles. The
-// pipeline depth is the most stages of the chosen tile that fit the 208 KB stage area.
+// narrow N tiles instead of leaving most SMs idle; large ones get 128x256 tiles. Split-K pays a
+// tail no streaming hides (the last split waits for the others' partials and sums them), so it is
+// chosen only where it saves more than that. The pipeline depth is the most stages of the chosen
+// tile that fit the 208 KB stage area.
 #pragma once
 
 #include <cmath>
+#include <initializer_list>
 
 #include "tasks/gemm/config.hpp"
 
@@ -34,7 +38,15 @@ struct GemmDeviceModel {
   double hbm_bytes_per_us = 3.0e6;        // the whole GPU: 3.0 TB/s (H100 D2D copy; H200 ~4.3)
   double sm_stream_bytes_per_us = 5.0e4;  // one SM streaming from HBM: ~50 GB/s
   double task_overhead_us = 2.0;          // pipeline fill + epilogue per task (dispatch excluded)
-  std::uint32_t max_block_n = 256;        // widest tile to consider (256 needs setmaxnreg)
+  // The split-K tail: a split tile ends when its last split has summed every partial, after
+  // the other splits' tasks. Skinny GEMMs on an H100 ran 2-9 µs slower split than unsplit with the
+  // same task count or fewer (docs/gemm.md, "Split-K and narrow tiles in the heuristic").
+  double split_tail_us = 5.0;
+  // A warpgroup's 64-column wgmma (tiles 128x64 and 64x128) against the wider ones: it reads as
+  // many A bytes from shared memory for half the products. The fused MLP's second layer
+  // (1024 x 1024, K = 4096) ran 12% slower on 128x64 tiles than on 128x128 split in two.
+  double narrow_mma_efficiency = 0.6;
+  std::uint32_t max_block_n = 256;  // widest tile to consider (256 needs setmaxnreg)
 };
 
 inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& dev = {},
@@ -53,7 +65,9 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
     if (t.n > dev.max_block_n) continue;
     double const m_tiles = std::ceil(double(s.m) / t.m), n_tiles = std::ceil(double(s.n) / t.n);
     double const rows_computed = t.m == 128 && s.m <= 64 ? 64.0 : t.m;  // idle warpgroup skips
-    double const mma_us = 2.0 * rows_computed * t.n * kBlockK / dev.mma_flops_per_us;
+    double const warp_n = t.m == 64 ? t.n / 2.0 : t.n;                  // GemmConfig::warp_n
+    double const mma_rate = dev.mma_flops_per_us * (warp_n == 64 ? dev.narrow_mma_efficiency : 1.0);
+    double const mma_us = 2.0 * rows_computed * t.n * kBlockK / mma_rate;
     double const fill_us = double(t.m + t.n) * kRowBytes / dev.l2_bytes_per_us;
     double const k_block_us = mma_us > fill_us ? mma_us : fill_us;
     for (std::uint32_t splits = 1; splits <= kMaxSplits && splits <= k_blocks; ++splits) {
@@ -65,7 +79,8 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
       if (splits > 1) task_us += (1.0 + splits) * t.m * t.n * 4.0 / dev.l2_bytes_per_us;
       double const tasks = m_tiles * n_tiles * splits;
       double const raw = std::ceil(tasks / dev.processors) * task_us;
-      double const score = (raw > floor_us ? raw : floor_us) + 0.1 * raw;
+      double const score =
+          (raw > floor_us ? raw : floor_us) + 0.1 * raw + (splits > 1 ? dev.split_tail_us : 0.0);
       if (score < best_score) {
         best_score = score;
         best.block_m = t.m;
