@@ -145,6 +145,19 @@ void check_cublas(cublasStatus_t status, char const* what) {
                       std::to_string(static_cast<int>(status)) + ")");
 }
 
+// One cuBLAS handle, destroyed with its owner.
+class CublasHandle {
+ public:
+  CublasHandle() { check_cublas(cublasCreate(&handle_), "cublasCreate"); }
+  CublasHandle(CublasHandle const&) = delete;
+  CublasHandle& operator=(CublasHandle const&) = delete;
+  ~CublasHandle() { cublasDestroy(handle_); }
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
 // The unfused pipeline's middle step: hidden = act(z + b1) in bf16, z = X · W1ᵀ in bf16 as cuBLAS
 // wrote it. SwiGLU pairs z's columns as the tile GEMM does (gate_column / up_column).
 __global__ void bias_activation(g::Bf16 const* z, float const* bias, g::GemmActivation act,
@@ -175,8 +188,8 @@ void run_baseline(FusedMlpProblem const& p, loom::DeviceBuffer<g::Bf16> const& x
   loom::DeviceBuffer<g::Bf16> z(std::size_t{p.m} * p.w1_rows()), hidden(std::size_t{p.m} * p.h);
   loom::DeviceBuffer<float> y(std::size_t{p.m} * p.n);
   y.fill_bytes(0xFF);
-  cublasHandle_t handle = nullptr;
-  check_cublas(cublasCreate(&handle), "cublasCreate");
+  CublasHandle const cublas;
+  cublasHandle_t const handle = cublas.get();
   auto const run = [&] {
     float const one = 1.0f, zero = 0.0f;
     check_cublas(
@@ -195,23 +208,17 @@ void run_baseline(FusedMlpProblem const& p, loom::DeviceBuffer<g::Bf16> const& x
                      static_cast<int>(p.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (second layer)");
   };
-  try {
+  run();
+  CudaEvent start, stop;
+  for (unsigned i = 0; i < iters; ++i) {
+    LOOM_CUDA(cudaEventRecord(start.get()));
     run();
-    CudaEvent start, stop;
-    for (unsigned i = 0; i < iters; ++i) {
-      LOOM_CUDA(cudaEventRecord(start.get()));
-      run();
-      LOOM_CUDA(cudaEventRecord(stop.get()));
-      LOOM_CUDA(cudaEventSynchronize(stop.get()));
-      float ms = 0.0f;
-      LOOM_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-      out.baseline_ms.push_back(ms);
-    }
-  } catch (...) {
-    cublasDestroy(handle);
-    throw;
+    LOOM_CUDA(cudaEventRecord(stop.get()));
+    LOOM_CUDA(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    LOOM_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    out.baseline_ms.push_back(ms);
   }
-  cublasDestroy(handle);
   out.baseline_y = y.download();
 }
 
