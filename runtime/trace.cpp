@@ -63,7 +63,9 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
   struct Acc {
     TraceTypeSummary s{};
     std::vector<std::uint64_t> durations, waits, gaps;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> by_start;  // (start, duration)
   };
+  std::size_t tracks = 0;
   std::vector<Acc> by_type;
   std::vector<int> slot;  // type -> index in by_type, -1 while unseen
   for (std::size_t k = 0; k < order.size(); ++k) {
@@ -83,11 +85,12 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
     a.s.last_end_ns = std::max(a.s.last_end_ns, end);
     a.durations.push_back(r.end_ns - r.start_ns);
     a.waits.push_back(r.wait_ns);
-    if (k > 0) {
-      TraceRecord const& p = records[order[k - 1]];
-      if (p.rank == r.rank && p.processor == r.processor)
-        a.gaps.push_back(r.start_ns > p.end_ns ? r.start_ns - p.end_ns : 0);
-    }
+    a.by_start.emplace_back(r.start_ns, r.end_ns - r.start_ns);
+    TraceRecord const* const p = k > 0 ? &records[order[k - 1]] : nullptr;
+    if (p && p->rank == r.rank && p->processor == r.processor)
+      a.gaps.push_back(r.start_ns > p->end_ns ? r.start_ns - p->end_ns : 0);
+    else
+      ++tracks;
   }
   std::vector<TraceTypeSummary> out;
   for (Acc& a : by_type) {
@@ -95,6 +98,14 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
     a.s.median_wait_ns = median_of(a.waits);
     a.s.gapped = static_cast<std::uint32_t>(a.gaps.size());
     a.s.median_gap_ns = median_of(a.gaps);
+    std::sort(a.by_start.begin(), a.by_start.end());
+    std::size_t const wave = std::min(tracks, a.by_start.size());
+    std::vector<std::uint64_t> first, later;
+    for (std::size_t i = 0; i < a.by_start.size(); ++i)
+      (i < wave ? first : later).push_back(a.by_start[i].second);
+    a.s.first_wave = static_cast<std::uint32_t>(wave);
+    a.s.first_wave_median_ns = median_of(first);
+    a.s.later_median_ns = median_of(later);
     out.push_back(a.s);
   }
   std::stable_sort(out.begin(), out.end(), [](auto const& x, auto const& y) {
@@ -112,7 +123,8 @@ std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
   head.resize(20, ' ');
   os << head << " " << std::setw(8) << "tasks" << std::setw(16) << "first start" << std::setw(14)
      << "last start" << std::setw(14) << "last end" << std::setw(10) << "median" << std::setw(15)
-     << "median wait" << std::setw(14) << "median gap"
+     << "median wait" << std::setw(14) << "median gap" << std::setw(15) << "first wave"
+     << std::setw(11) << "later"
      << "\n";
   for (auto const& t : summary) {
     std::string name = type_name(t.type, type_names, type_count);
@@ -125,6 +137,11 @@ std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
       os << std::setw(11) << t.median_gap_ns / 1000.0 << " us";
     else
       os << std::setw(14) << "-";
+    os << std::setw(12) << t.first_wave_median_ns / 1000.0 << " us";
+    if (t.count > t.first_wave)
+      os << std::setw(8) << t.later_median_ns / 1000.0 << " us";
+    else
+      os << std::setw(11) << "-";
     os << "\n";
   }
   return os.str();

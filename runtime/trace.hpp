@@ -29,6 +29,10 @@ struct TraceTypeSummary {
   std::uint64_t median_ns, median_wait_ns;
   std::uint32_t gapped;
   std::uint64_t median_gap_ns;  // 0 when gapped is 0
+  // The type's first wave: its first `tracks` tasks by start (tracks: the trace's distinct
+  // (rank, processor) pairs), and the median duration of those and of the rest (0 when none).
+  std::uint32_t first_wave;
+  std::uint64_t first_wave_median_ns, later_median_ns;
 };
 
 // The types of `records` in the order of their first start. Medians of an even count are the

@@ -51,6 +51,13 @@ TEST(TraceSummary, CountsWindowsMediansAndGapsPerTrack) {
   EXPECT_EQ(s[1].median_wait_ns, 3000u);  // waits 3, 1, 5, 2 µs
   EXPECT_EQ(s[1].gapped, 3u);
   EXPECT_EQ(s[1].median_gap_ns, 2000u);  // gaps 4, 1, 2 µs
+  // Three tracks: the first wave is each type's first three tasks by start.
+  EXPECT_EQ(s[0].first_wave, 2u);
+  EXPECT_EQ(s[0].first_wave_median_ns, 10000u);
+  EXPECT_EQ(s[0].later_median_ns, 0u);
+  EXPECT_EQ(s[1].first_wave, 3u);
+  EXPECT_EQ(s[1].first_wave_median_ns, 7000u);  // starts 5, 10, 14: durations 7, 20, 6 µs
+  EXPECT_EQ(s[1].later_median_ns, 2000u);       // start 22: 2 µs
 
   char const* const names[] = {"zero", "one", "two"};
   std::string const table = format_trace_summary(s, names, 3);
@@ -58,6 +65,27 @@ TEST(TraceSummary, CountsWindowsMediansAndGapsPerTrack) {
   EXPECT_NE(table.find("zero"), std::string::npos);
   EXPECT_LT(table.find("two"), table.find("zero"));  // in order of first start
   EXPECT_TRUE(summarize_trace({}).empty());
+}
+
+TEST(TraceSummary, SeparatesTheFirstWaveFromTheRest) {
+  // Two tracks, five tasks of one type: the two that start first are the first wave, slower.
+  std::vector<TraceRecord> const records = {
+      rec(1, 0, 0, 0, 30, 0),   // first wave
+      rec(1, 0, 1, 1, 29, 0),   // first wave
+      rec(1, 0, 0, 31, 41, 0),  //
+      rec(1, 0, 1, 30, 42, 0),  //
+      rec(1, 0, 0, 42, 53, 0),  //
+  };
+  std::vector<TraceTypeSummary> const s = summarize_trace(records);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].first_wave, 2u);
+  EXPECT_EQ(s[0].first_wave_median_ns, 30000u);  // 30 and 28 µs: the upper middle
+  EXPECT_EQ(s[0].later_median_ns, 11000u);       // 10, 12, 11 µs
+  char const* const names[] = {"zero", "one"};
+  std::string const table = format_trace_summary(s, names, 2);
+  EXPECT_NE(table.find("first wave"), std::string::npos);
+  EXPECT_NE(table.find("30.0 us"), std::string::npos);
+  EXPECT_NE(table.find("11.0 us"), std::string::npos);
 }
 
 TEST(TraceSummary, CoversEveryTaskOfALaunch) {
