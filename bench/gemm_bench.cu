@@ -10,7 +10,6 @@
 //   process with a device-to-device cudaMemcpy (bytes read + written). rel_err_vs_cublas compares
 //   the two results once. The label names the tile configuration the heuristic chose.
 #include <benchmark/benchmark.h>
-#include <cublas_v2.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "bench/event_timer.cuh"
+#include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "tasks/gemm/device_gemm.hpp"
@@ -30,13 +30,6 @@ namespace {
 
 namespace g = loom::tasks::gemm;
 using GemmPipeline = loom::Pipeline<loom::tasks::GemmRunTile>;
-
-#define BENCH_CUBLAS(call)                                                                   \
-  do {                                                                                       \
-    cublasStatus_t const s_ = (call);                                                        \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                         \
-      throw loom::Error(std::string("cuBLAS: ") + #call + " failed: " + std::to_string(s_)); \
-  } while (0)
 
 __global__ void fill_uniform_bf16(g::Bf16* out, std::size_t n, std::uint64_t seed, float scale) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
@@ -205,14 +198,16 @@ void BM_GemmVsCublas(benchmark::State& state) {
     if (i == 0) graph0 = graph;
     in[i].executor = std::make_unique<loom::GpuExecutor<GemmPipeline>>(std::move(graph));
   }
-  cublasHandle_t handle;
-  BENCH_CUBLAS(cublasCreate(&handle));
+  loom::CublasHandle const owner;
+  cublasHandle_t const handle = owner.get();
   float const alpha = 1.0f, beta = 0.0f;
   auto cublas = [&](InputSet const& s, g::Bf16* out) {
     // Column-major view: Cᵀ (n x m) = B (n x k, stored as k x n) ᵀ · Aᵀ (k x m).
-    BENCH_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha,
-                              s.b.get(), CUDA_R_16BF, int(k), s.a.get(), CUDA_R_16BF, int(k), &beta,
-                              out, CUDA_R_16BF, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    loom::check_cublas(
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, s.b.get(),
+                     CUDA_R_16BF, int(k), s.a.get(), CUDA_R_16BF, int(k), &beta, out, CUDA_R_16BF,
+                     int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
   };
 
   // Warm-up, and one check of loom against cuBLAS on set 0.
@@ -239,7 +234,6 @@ void BM_GemmVsCublas(benchmark::State& state) {
     cublas_s.push_back(t_cublas);
   }
   for (auto& s : in) s.executor->check();
-  BENCH_CUBLAS(cublasDestroy(handle));
   if (std::getenv("LOOM_GEMM_TRACE")) print_trace(graph0, m, n, k);
 
   double const flops = 2.0 * m * n * k;

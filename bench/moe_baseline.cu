@@ -5,16 +5,11 @@
 
 #include "bench/moe_baseline.cuh"
 #include "moe/routing.hpp"
+#include "runtime/cuda/cublas.hpp"
 
 namespace loom::moe {
 
 namespace {
-
-void check_cublas(cublasStatus_t s, char const* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("loom: cuBLAS failed in ") + what + " (status " + std::to_string(s) +
-                ")");
-}
 
 void check_launch() {
   LOOM_CUDA(cudaGetLastError());

@@ -23,8 +23,7 @@
 #include "runtime/runtime.hpp"
 #include "runtime/trace.hpp"
 #if __has_include("runtime/cuda/gpu_executor.cuh")
-#include <cublas_v2.h>
-
+#include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "tasks/gemm/device_gemm.hpp"
@@ -139,25 +138,6 @@ g::MmaPath device_path() {
   return major == 9 ? g::MmaPath::wgmma : g::MmaPath::mma_sync;
 }
 
-void check_cublas(cublasStatus_t status, char const* what) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    throw loom::Error(std::string("loom: ") + what + " failed (cuBLAS status " +
-                      std::to_string(static_cast<int>(status)) + ")");
-}
-
-// One cuBLAS handle, destroyed with its owner.
-class CublasHandle {
- public:
-  CublasHandle() { check_cublas(cublasCreate(&handle_), "cublasCreate"); }
-  CublasHandle(CublasHandle const&) = delete;
-  CublasHandle& operator=(CublasHandle const&) = delete;
-  ~CublasHandle() { cublasDestroy(handle_); }
-  cublasHandle_t get() const { return handle_; }
-
- private:
-  cublasHandle_t handle_ = nullptr;
-};
-
 // The unfused pipeline's middle step: hidden = act(z + b1) in bf16, z = X · W1ᵀ in bf16 as cuBLAS
 // wrote it. SwiGLU pairs z's columns as the tile GEMM does (gate_column / up_column).
 __global__ void bias_activation(g::Bf16 const* z, float const* bias, g::GemmActivation act,
@@ -188,11 +168,11 @@ void run_baseline(FusedMlpProblem const& p, loom::DeviceBuffer<g::Bf16> const& x
   loom::DeviceBuffer<g::Bf16> z(std::size_t{p.m} * p.w1_rows()), hidden(std::size_t{p.m} * p.h);
   loom::DeviceBuffer<float> y(std::size_t{p.m} * p.n);
   y.fill_bytes(0xFF);
-  CublasHandle const cublas;
+  loom::CublasHandle const cublas;
   cublasHandle_t const handle = cublas.get();
   auto const run = [&] {
     float const one = 1.0f, zero = 0.0f;
-    check_cublas(
+    loom::check_cublas(
         cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.w1_rows()),
                      static_cast<int>(p.m), static_cast<int>(p.k), &one, w1.get(), CUDA_R_16BF,
                      static_cast<int>(p.k), x.get(), CUDA_R_16BF, static_cast<int>(p.k), &zero,
@@ -201,7 +181,7 @@ void run_baseline(FusedMlpProblem const& p, loom::DeviceBuffer<g::Bf16> const& x
         "cublasGemmEx (first layer)");
     bias_activation<<<1024, 256>>>(z.get(), b1, p.activation, p.m, p.h, p.w1_rows(), hidden.get());
     LOOM_CUDA(cudaGetLastError());
-    check_cublas(
+    loom::check_cublas(
         cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m),
                      static_cast<int>(p.h), &one, w2.get(), CUDA_R_16BF, static_cast<int>(p.h),
                      hidden.get(), CUDA_R_16BF, static_cast<int>(p.h), &zero, y.get(), CUDA_R_32F,

@@ -1,21 +1,15 @@
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "moe/cli/floor.hpp"
+#include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 
 namespace loom::moe {
 
 namespace {
-
-void check_cublas(cublasStatus_t s, char const* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("loom: cuBLAS failed in ") + what + " (status " + std::to_string(s) +
-                ")");
-}
 
 template <class Fn>
 double median_seconds(int reps, Fn&& fn) {
@@ -58,8 +52,8 @@ Ceilings measure_ceilings() {
   for (std::size_t i = 0; i < host.size(); ++i)
     host[i] = __float2bfloat16(static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f);
   DeviceBuffer<__nv_bfloat16> a(host), b(host), out(std::size_t{n} * n);
-  cublasHandle_t handle;
-  check_cublas(cublasCreate(&handle), "cublasCreate");
+  CublasHandle const cublas;
+  cublasHandle_t const handle = cublas.get();
   float const one = 1.0f, zero = 0.0f;
   double const gemm_s = median_seconds(10, [&] {
     check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a.get(), CUDA_R_16BF,
@@ -67,7 +61,6 @@ Ceilings measure_ceilings() {
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   });
-  cublasDestroy(handle);
   c.tensor_flops_per_s = 2.0 * n * n * double(n) / gemm_s;
   return c;
 }
