@@ -62,7 +62,7 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
   });
   struct Acc {
     TraceTypeSummary s{};
-    std::vector<std::uint64_t> durations, waits, gaps;
+    std::vector<std::uint64_t> waits, gaps;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> by_start;  // (start, duration)
   };
   std::size_t tracks = 0;
@@ -83,7 +83,6 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
     a.s.first_start_ns = std::min(a.s.first_start_ns, start);
     a.s.last_start_ns = std::max(a.s.last_start_ns, start);
     a.s.last_end_ns = std::max(a.s.last_end_ns, end);
-    a.durations.push_back(r.end_ns - r.start_ns);
     a.waits.push_back(r.wait_ns);
     a.by_start.emplace_back(r.start_ns, r.end_ns - r.start_ns);
     TraceRecord const* const p = k > 0 ? &records[order[k - 1]] : nullptr;
@@ -94,7 +93,6 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
   }
   std::vector<TraceTypeSummary> out;
   for (Acc& a : by_type) {
-    a.s.median_ns = median_of(a.durations);
     a.s.median_wait_ns = median_of(a.waits);
     a.s.gapped = static_cast<std::uint32_t>(a.gaps.size());
     a.s.median_gap_ns = median_of(a.gaps);
@@ -106,6 +104,8 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
     a.s.first_wave = static_cast<std::uint32_t>(wave);
     a.s.first_wave_median_ns = median_of(first);
     a.s.later_median_ns = median_of(later);
+    first.insert(first.end(), later.begin(), later.end());
+    a.s.median_ns = median_of(first);
     out.push_back(a.s);
   }
   std::stable_sort(out.begin(), out.end(), [](auto const& x, auto const& y) {
