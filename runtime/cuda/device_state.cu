@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "runtime/cuda/device_state.hpp"
+#include "runtime/cuda/scoped_device.hpp"
 
 namespace loom {
 
@@ -19,8 +20,17 @@ int cuda_device_count() {
   return n;
 }
 
+namespace {
+int current_device() {
+  int device = 0;
+  LOOM_CUDA(cudaGetDevice(&device));
+  return device;
+}
+}  // namespace
+
 DeviceState::DeviceState(Graph graph, StateOptions const& options)
-    : graph_(std::move(graph)),
+    : device_(current_device()),
+      graph_(std::move(graph)),
       layout_(graph_, options),
       image_(layout_.bytes()),
       arena_(layout_.bytes()) {
@@ -34,11 +44,13 @@ void DeviceState::reinitialize_after_failure() {
 }
 
 void DeviceState::reinitialize(std::uint64_t epoch) {
+  ScopedDevice on(device_);
   layout_.initialize(image_.data(), epoch);
   LOOM_CUDA(cudaMemcpy(arena_.get(), image_.data(), image_.size(), cudaMemcpyHostToDevice));
 }
 
 ErrorRecord DeviceState::read_error() const {
+  ScopedDevice on(device_);
   ErrorRecord e{};
   LOOM_CUDA(
       cudaMemcpy(&e, arena_.get() + layout_.error_offset(), sizeof(e), cudaMemcpyDeviceToHost));
@@ -46,6 +58,7 @@ ErrorRecord DeviceState::read_error() const {
 }
 
 ErrorRecord DeviceState::peek_error() const {
+  ScopedDevice on(device_);
   if (!peek_stream_) {
     cudaStream_t side = nullptr;
     LOOM_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
@@ -59,6 +72,7 @@ ErrorRecord DeviceState::peek_error() const {
 }
 
 std::uint64_t DeviceState::read_epoch() const {
+  ScopedDevice on(device_);
   std::uint64_t epoch = 0;
   LOOM_CUDA(cudaMemcpy(&epoch, arena_.get() + layout_.counters_offset(), sizeof(epoch),
                        cudaMemcpyDeviceToHost));
@@ -66,6 +80,7 @@ std::uint64_t DeviceState::read_epoch() const {
 }
 
 std::vector<TraceRecord> DeviceState::take_trace() {
+  ScopedDevice on(device_);
   std::vector<TraceRecord> out;
   if (layout_.trace_capacity() == 0) return out;
   std::uint64_t count = 0;

@@ -1,6 +1,8 @@
 // Device-side copy of one rank's RuntimeState: the arena in device memory, uploaded once from
 // the host image; afterwards only the kernel writes it (epochs), except after an error, when the
-// host uploads the initial image again.
+// host uploads the initial image again. The arena lives on the device current at construction;
+// every method works on that device whatever the caller's current device is (one process may
+// drive several GPUs).
 #pragma once
 
 #include <memory>
@@ -28,8 +30,10 @@ class DeviceState {
   void reinitialize(std::uint64_t epoch);
   std::uint64_t read_epoch() const;
   std::vector<TraceRecord> take_trace();
+  int device() const { return device_; }
 
  private:
+  int device_ = 0;
   Graph graph_;
   StateLayout layout_;
   std::vector<unsigned char> image_;

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <utility>
 
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
+#include "runtime/cuda/scoped_device.hpp"
 #include "runtime/runtime.hpp"
 #include "tasks/empty.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
@@ -627,6 +629,31 @@ TEST(GpuRuntime, TraceRecordsEveryTask) {
   EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](bool s) { return s; }));
   std::string const json = loom::chrome_trace_json(trace, TestPipeline::names, TestPipeline::size);
   EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
+}
+
+// One process driving several GPUs: the trace is read and reset on the executor's own device,
+// whichever device is current when the host asks for it.
+TEST(GpuRuntime, TraceIsTakenFromTheExecutorsDeviceWhicheverIsCurrent) {
+  LOOM_REQUIRE_GPU();
+  if (loom::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  GraphBuilder b;
+  constexpr std::uint32_t n = 64;
+  for (std::uint32_t i = 0; i < n; ++i)
+    b.add_task(TestPipeline::make<loom::tasks::Empty>({0}, loom::kNoEvent, i));
+  loom::GpuOptions o;
+  o.trace_capacity = 2 * n;
+  loom::ScopedDevice const first(0);
+  std::optional<loom::GpuExecutor<TestPipeline>> ex;
+  {
+    loom::ScopedDevice const second(1);
+    ex.emplace(b.build(), o);
+    ex->run();
+  }
+  EXPECT_EQ(ex->take_trace().size(), n);  // device 0 current
+  EXPECT_TRUE(ex->take_trace().empty());  // the count was reset on device 1
+  int current = -1;
+  LOOM_CUDA(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0);
 }
 
 TEST(GpuRuntime, GridComesFromTheOccupancyApi) {
