@@ -7,6 +7,7 @@
 
 #include "moe/ep_view.hpp"
 #include "moe/route_task.hpp"
+#include "moe/row_fanout.hpp"
 
 namespace loom::moe {
 
@@ -93,23 +94,26 @@ struct RouteDispatch {
 
 #if defined(__CUDACC__)
   // Route as RouteTokens; then per destination one ticket pair (rows, chunk) claimed by one
-  // thread, the rows copied by warps with 16-byte stores through the peer's window, and the chunk
-  // record published once every thread's stores are fenced at system scope.
+  // thread, which also numbers the block's rows for that destination. The block copies the rows
+  // into the peers' windows with 16-byte stores, many reads in flight per thread
+  // (fan_out_rows_to), then the metas; the chunk record is published once every thread's stores
+  // are fenced at system scope.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
     RouteTokens::route_device(v, p.block, 1, ctx);
     __shared__ std::uint32_t mask[kMaxTokenBlock];
+    __shared__ std::uint32_t slot[kMaxTokenBlock * kMaxRanks];  // [token][destination], ~0u: none
     __shared__ std::uint32_t count[kMaxRanks], first[kMaxRanks], chunk[kMaxRanks];
     __shared__ bool stop;
-    std::uint32_t const tokens = v.call[0];
+    std::uint32_t const tokens = v.call[0], world = ep.world;
     std::uint32_t const t0 = p.block * v.token_block;
     std::uint32_t const n =
         t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
     for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x)
       mask[t] = destination_mask(ep, t0 + t);
     __syncthreads();
-    if (threadIdx.x < ep.world) {
+    if (threadIdx.x < world) {
       std::uint32_t const d = threadIdx.x;
       std::uint32_t c = 0;
       for (std::uint32_t t = 0; t < n; ++t) c += (mask[t] >> d) & 1u;
@@ -117,6 +121,9 @@ struct RouteDispatch {
       if (c != 0 && !ctx.failed()) {
         first[d] = atomicAdd(&ep.send_tokens[d], c);
         chunk[d] = atomicAdd(&ep.send_chunks[d], 1u);
+        std::uint32_t at = std::uint32_t{ep.rank} * v.max_tokens + first[d];
+        for (std::uint32_t t = 0; t < n; ++t)
+          slot[t * world + d] = (mask[t] >> d) & 1u ? at++ : ~0u;
       }
     }
     __syncthreads();
@@ -130,25 +137,23 @@ struct RouteDispatch {
     __syncthreads();
     if (stop) return;
     SymmetricView const& heap = ctx.heap();
-    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (std::uint32_t i = warp; i < n * ep.world; i += warps) {
-      std::uint32_t const t = i / ep.world, d = i - t * ep.world;
+    std::uint32_t const row_chunks = v.hidden / 8;
+    fan_out_rows_to(reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden), n, row_chunks,
+                    world, [&](std::uint32_t t, std::uint32_t d) -> uint4* {
+                      if (((mask[t] >> d) & 1u) == 0) return nullptr;
+                      std::size_t const at = slot[t * world + d];
+                      return reinterpret_cast<uint4*>(heap.peer(d, ep.recv_rows + at * v.hidden));
+                    });
+    for (std::uint32_t i = threadIdx.x; i < 2 * n * world; i += blockDim.x) {
+      std::uint32_t const t = i / (2 * world), d = i / 2 - t * world, half = i % 2;
       if (((mask[t] >> d) & 1u) == 0) continue;
-      std::uint32_t rank_in_chunk = 0;
-      for (std::uint32_t u = 0; u < t; ++u) rank_in_chunk += (mask[u] >> d) & 1u;
-      std::size_t const at = std::size_t{ep.rank} * v.max_tokens + first[d] + rank_in_chunk;
-      uint4 const* src = reinterpret_cast<uint4 const*>(v.x + std::size_t{t0 + t} * v.hidden);
-      uint4* dst = reinterpret_cast<uint4*>(heap.peer(d, ep.recv_rows + at * v.hidden));
-      for (std::uint32_t c = lane; c < v.hidden / 8; c += 32) dst[c] = src[c];
-      if (lane < 2) {
-        RowMeta const meta = row_meta_for(ep, t0 + t, d);
-        reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + at))[lane] =
-            reinterpret_cast<uint4 const*>(&meta)[lane];
-      }
+      RowMeta const meta = row_meta_for(ep, t0 + t, d);
+      reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + slot[t * world + d]))[half] =
+          reinterpret_cast<uint4 const*>(&meta)[half];
     }
     __threadfence_system();
     __syncthreads();
-    if (threadIdx.x < ep.world && count[threadIdx.x] != 0) {
+    if (threadIdx.x < world && count[threadIdx.x] != 0) {
       std::uint32_t const d = threadIdx.x;
       ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk[d];
       ChunkRecord* remote = heap.peer(d, record);
