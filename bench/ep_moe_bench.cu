@@ -10,6 +10,12 @@
 //   - "given": both take the routing the fused router chose on the warm-up call;
 //   - "router": the fused layer with its router (the baseline has none in EP form).
 // Columns: median ms, MTokens/s (all ranks' tokens per second), speedup = baseline / fused.
+//
+// At P >= 2 the run first measures the LSA store bandwidth (every rank storing through NCCL's
+// peer pointers into every other rank's window at once, the dispatch's traffic pattern). With
+// --trace it also reports the dispatch's rate on each rank: the bytes its route tasks stored into
+// other ranks' windows (rows and metas) over the window from the first route task's start to the
+// last one's end. That window holds the routing too, so the rate is a lower bound.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +26,7 @@
 #include "bench/ep_baseline.cuh"
 #include "moe/ep_gpu_layer.cuh"
 #include "moe/reference.hpp"
+#include "runtime/cuda/nccl_heap.hpp"
 #include "runtime/cuda/scoped_device.hpp"
 #include "runtime/trace.hpp"
 
@@ -51,6 +58,71 @@ void sync_all(std::vector<int> const& devices) {
   }
 }
 
+// Every rank stores `chunks` 16-byte words into each peer's window; block b serves peer
+// b % peers (the grid is a multiple of peers).
+struct PeerTargets {
+  uint4* dst[loom::kMaxRanks];
+  std::uint32_t count;
+};
+
+__global__ void store_to_peers(PeerTargets t, std::size_t chunks) {
+  std::uint32_t const peer = blockIdx.x % t.count, blocks = gridDim.x / t.count;
+  uint4 const v = make_uint4(threadIdx.x, blockIdx.x, 0u, 0u);
+  for (std::size_t i = std::size_t{blockIdx.x / t.count} * blockDim.x + threadIdx.x; i < chunks;
+       i += std::size_t{blocks} * blockDim.x)
+    t.dst[peer][i] = v;
+}
+
+// GB/s leaving each rank while every rank stores into every other rank's window at once: one
+// 512-thread block per SM, 256 MiB a window (a slice per source rank), median of 10.
+double lsa_store_gbps(std::vector<int> const& devices) {
+  std::uint32_t const world = static_cast<std::uint32_t>(devices.size());
+  std::uint64_t const window = std::uint64_t{256} << 20, slice = window / world;
+  std::vector<loom::NcclCommunicator> comms = loom::NcclCommunicator::init_all(devices);
+  loom::NcclSymmetricHeapSet heaps = loom::NcclSymmetricHeap::create_all(comms, window);
+  std::size_t const chunks = slice / sizeof(uint4);
+  auto store_all = [&] {
+    for (std::uint32_t r = 0; r < world; ++r) {
+      loom::ScopedDevice on(devices[r]);
+      loom::SymmetricView const view = heaps[r].view();
+      PeerTargets t{};
+      for (std::uint32_t d = 0; d < world; ++d)
+        if (d != r)
+          t.dst[t.count++] = static_cast<uint4*>(view.peer(
+              d, static_cast<void*>(static_cast<unsigned char*>(heaps[r].local()) + r * slice)));
+      int sms = 0;
+      LOOM_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, devices[r]));
+      store_to_peers<<<sms / t.count * t.count, 512>>>(t, chunks);
+      LOOM_CUDA(cudaGetLastError());
+    }
+  };
+  store_all();  // warm-up
+  sync_all(devices);
+  std::vector<double> t;
+  for (int i = 0; i < 10; ++i) {
+    auto const t0 = Clock::now();
+    store_all();
+    sync_all(devices);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return double(slice) * (world - 1) / median(t) / 1e9;
+}
+
+// Bytes rank r's route tasks store into other ranks' windows: per token and other rank holding
+// one of its experts, its row and its 32-byte meta.
+double dispatch_bytes(MoEConfig const& c, std::vector<std::int32_t> const& ids, std::uint32_t rank,
+                      std::uint32_t world) {
+  std::uint32_t const local = c.experts / world;
+  double rows = 0;
+  for (std::size_t t = 0; t < ids.size() / c.top_k; ++t) {
+    std::uint32_t mask = 0;
+    for (std::uint32_t j = 0; j < c.top_k; ++j)
+      if (std::int32_t const e = ids[t * c.top_k + j]; e >= 0) mask |= 1u << (e / local);
+    rows += __builtin_popcount(mask & ~(1u << rank));
+  }
+  return rows * (double(c.hidden) * sizeof(bf16) + sizeof(RowMeta));
+}
+
 void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& first_json,
          std::string const& trace_prefix) {
   MoEConfig c;
@@ -59,6 +131,10 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   c.max_tokens = s.tokens_per_rank;
   std::vector<int> devices(world);
   for (std::uint32_t r = 0; r < world; ++r) devices[r] = static_cast<int>(r);
+  double const lsa = world > 1 ? lsa_store_gbps(devices) : 0.0;
+  if (world > 1)
+    std::printf("P=%u: LSA stores, every rank to every other at once: %.1f GB/s out of each rank\n",
+                world, lsa);
   MoEWeights const w = random_weights(c, 1234);
   loom::GpuOptions options;
   if (!trace_prefix.empty())
@@ -107,6 +183,7 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   };
   double const fused_router = time_fused(false);
   double const fused_given = time_fused(true);
+  double dispatch_gbps = 0;     // the fastest rank's, when traced
   if (!trace_prefix.empty()) {  // one more given-routing call, traced on every rank
     for (std::uint32_t r = 0; r < world; ++r) fused.rank(r).executor().take_trace();
     fused.forward(fused_calls(true));
@@ -114,8 +191,21 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
     for (std::uint32_t r = 0; r < world; ++r) {
       std::string const path = trace_prefix + "." + s.name + ".P" + std::to_string(world) + ".r" +
                                std::to_string(r) + ".json";
-      loom::write_chrome_trace(path, fused.rank(r).executor().take_trace(), EpPipeline::names,
-                               EpPipeline::size);
+      std::vector<loom::TraceRecord> const trace = fused.rank(r).executor().take_trace();
+      loom::write_chrome_trace(path, trace, EpPipeline::names, EpPipeline::size);
+      if (world == 1) continue;
+      std::uint64_t begin = ~std::uint64_t{0}, end = 0;
+      for (auto const& t : trace)
+        if (t.type == EpPipeline::id<RouteDispatch>)
+          begin = std::min(begin, t.start_ns), end = std::max(end, t.end_ns);
+      double const bytes = dispatch_bytes(c, fused.rank(r).topk_ids(), r, world);
+      double const gbps = end > begin ? bytes / double(end - begin) : 0.0;
+      std::printf(
+          "%-8s P=%u rank %u: dispatch %.1f MB to peers during %.1f us of route+dispatch: "
+          "%.1f GB/s, %.0f%% of the LSA store bandwidth\n",
+          s.name, world, r, bytes / 1e6, (end - begin) / 1e3, gbps,
+          lsa > 0 ? 100.0 * gbps / lsa : 0.0);
+      dispatch_gbps = std::max(dispatch_gbps, gbps);
     }
   }
 
@@ -157,9 +247,11 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
     std::fprintf(json,
                  "%s{\"scenario\":\"%s\",\"world\":%u,\"experts\":%u,\"hidden\":%u,\"ffn\":%u,"
                  "\"top_k\":%u,\"tokens_per_rank\":%u,\"fused_router_ms\":%.4f,"
-                 "\"fused_given_ms\":%.4f,\"baseline_given_ms\":%.4f,\"rel_diff\":%.3e}",
+                 "\"fused_given_ms\":%.4f,\"baseline_given_ms\":%.4f,\"rel_diff\":%.3e,"
+                 "\"lsa_store_GBps\":%.1f,\"dispatch_GBps\":%.1f}",
                  first_json ? "" : ",\n", s.name, world, c.experts, c.hidden, c.ffn, c.top_k,
-                 s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3, base_given * 1e3, rel);
+                 s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3, base_given * 1e3, rel,
+                 lsa, dispatch_gbps);
     first_json = false;
   }
 }
