@@ -96,8 +96,8 @@ struct RouteDispatch {
   // Route as RouteTokens; then per destination one ticket pair (rows, chunk) claimed by one
   // thread, which also numbers the block's rows for that destination. The block copies the rows
   // into the peers' windows with 16-byte stores, many reads in flight per thread
-  // (fan_out_rows_to), then the metas; the chunk record is published once every thread's stores
-  // are fenced at system scope.
+  // (fan_out_rows_to), then the metas; after a block barrier the chunk record is published with
+  // a system-scope release, which covers every thread's stores.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -151,7 +151,8 @@ struct RouteDispatch {
       reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + slot[t * world + d]))[half] =
           reinterpret_cast<uint4 const*>(&meta)[half];
     }
-    __threadfence_system();
+    // Every thread's stores happen before the barrier; the record's release store (signal_set,
+    // system scope) makes them visible with it. One fence per destination, not one per thread.
     __syncthreads();
     if (threadIdx.x < world && count[threadIdx.x] != 0) {
       std::uint32_t const d = threadIdx.x;

@@ -73,13 +73,13 @@ struct ExpertDownRemote {
     }
   }
 #if defined(__CUDACC__)
-  // After the tile's puts are fenced at system scope, one thread per row arrives; threads of a
-  // warp bound for the same (rank, block) add together through their lowest lane.
+  // After a block barrier (every thread's puts happen before it), one thread per row arrives
+  // with a system-scope release add, which makes the whole tile's puts visible with it; threads
+  // of a warp bound for the same (rank, block) add together through their lowest lane.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *reinterpret_cast<EpView const*>(p.view);
     auto const tag = reinterpret_cast<std::uint64_t>(&ep);
     RemoteDownGemm::device(gemm_tile<RemoteDownGemm>(p, ep.local.down_ops, tag), ctx);
-    __threadfence_system();
     __syncthreads();
     unsigned const rows_mask = __ballot_sync(0xFFFFFFFFu, threadIdx.x < p.rows);
     if (threadIdx.x < p.rows) {
@@ -87,7 +87,7 @@ struct ExpertDownRemote {
       std::uint32_t const source = ep.row_rank[row], block = block_of(ep, row);
       unsigned const group = __match_any_sync(rows_mask, (source << 24) | block);
       if ((threadIdx.x % 32) == static_cast<unsigned>(__ffs(group) - 1))
-        fetch_add_acq_rel<std::uint32_t, cuda::thread_scope_system>(
+        fetch_add_release<std::uint32_t, cuda::thread_scope_system>(
             *ctx.heap().peer(source, &ep.block_done[block]),
             static_cast<std::uint32_t>(__popc(group)));
     }

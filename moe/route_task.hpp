@@ -554,6 +554,38 @@ struct RouteTokens {
       pick_experts(v, first, v.route_blocks, t0, n, logits, ctx);
   }
 
+  // The caller's routing of `token`, checked and counted by one warp: lane j takes slot j, so
+  // the slots' loads and the counts' atomics go out together. The verdict is check_given_routing's:
+  // the first failing slot in top-k order, with that slot's reason. Returns the token's routed
+  // pairs (0 when it fails, after recording the failure and setting `failed`). Whole warp.
+  __device__ static std::uint32_t check_and_count_given_warp(MoEView const& v, std::uint32_t token,
+                                                             TaskContext& ctx, bool& failed) {
+    std::uint32_t const lane = threadIdx.x % 32;
+    bool const slot = lane < v.top_k;
+    std::int32_t id = -1;
+    float w = 0.0f;
+    if (slot) {
+      id = v.topk_ids[std::size_t{token} * v.top_k + lane];
+      w = v.topk_weights[std::size_t{token} * v.top_k + lane];
+    }
+    bool const outside = slot && (id < -1 || id >= static_cast<std::int32_t>(v.experts));
+    bool const routed = slot && !outside && id >= 0;
+    // Routed slots with the same expert match; every other lane gets a key of its own.
+    unsigned const same = __match_any_sync(0xFFFFFFFFu, routed ? id : -2 - static_cast<int>(lane));
+    bool const repeated = routed && (same & ((1u << lane) - 1u)) != 0;
+    bool const non_finite = routed && !repeated && !(w == w && w <= 3.0e38f && w >= -3.0e38f);
+    std::uint32_t const code = outside ? 1u : repeated ? 2u : non_finite ? 3u : 0u;
+    if (unsigned const bad = __ballot_sync(0xFFFFFFFFu, code != 0)) {
+      if (lane == static_cast<unsigned>(__ffs(bad) - 1)) {
+        ctx.fail(code, token, static_cast<std::uint64_t>(id));
+        failed = true;
+      }
+      return 0;
+    }
+    if (routed) atomicAdd(&v.counts[id], 1u);
+    return __popc(__ballot_sync(0xFFFFFFFFu, routed));
+  }
+
   // Tokens [t0, t0 + n) of blocks [first, first + blocks): top-k from logits[n][experts] (fused
   // router) or the caller's routing checked; then the expert counts, each block's pair count,
   // and the combine of a block with no pair. Whole block.
@@ -573,24 +605,21 @@ struct RouteTokens {
       std::uint32_t const token = t0 + t;
       std::int32_t* ids = v.topk_ids + std::size_t{token} * v.top_k;
       float* weights = v.topk_weights + std::size_t{token} * v.top_k;
+      if (given) {
+        std::uint32_t const routed = check_and_count_given_warp(v, token, ctx, failed);
+        if (lane == 0 && routed != 0) atomicAdd(&pairs[t / token_block], routed);
+        continue;
+      }
       std::int32_t picked[kMaxTopK];
-      if (!given) select_warp(v, logits + t * v.experts, ids, weights, picked);
+      select_warp(v, logits + t * v.experts, ids, weights, picked);
       __syncwarp();
       if (lane != 0) continue;
-      if (given) {
-        std::int32_t offender = 0;
-        if (std::uint32_t const bad = check_given_routing(v, token, offender)) {
-          ctx.fail(bad, token, static_cast<std::uint64_t>(offender));
-          failed = true;
-          continue;
-        }
-      }
       // The ids from registers: read back from memory, each waits for its store.
       std::uint32_t routed = 0;
 #pragma unroll
       for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
         if (j >= v.top_k) break;
-        std::int32_t const e = given ? ids[j] : picked[j];
+        std::int32_t const e = picked[j];
         if (e < 0) continue;
         atomicAdd(&counts[e], 1u);
         ++routed;

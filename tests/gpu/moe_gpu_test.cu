@@ -268,6 +268,42 @@ TEST(GpuMoE, InvalidCallerRoutingEndsTheCallWithItsReason) {
   EXPECT_LT(relative_error(dout.download(), ref), 1e-2);
 }
 
+// The slots of a token are checked together on the device; the reason given is still the first
+// failing slot's, in top-k order, as the CPU executor reports it.
+TEST(GpuMoE, InvalidCallerRoutingNamesTheFirstFailingSlot) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 4, 64);
+  GpuMoELayer layer(c, random_weights(c, 6));
+  auto const x = random_tokens(c, 2, 6);
+  loom::DeviceBuffer<bf16> dx(x), dout(2 * c.hidden);
+  float const nan = std::numeric_limits<float>::quiet_NaN();
+  auto message = [&](std::vector<std::int32_t> token1, std::vector<float> w1) {
+    std::vector<std::int32_t> ids = {0, 1, 2, 3};
+    ids.insert(ids.end(), token1.begin(), token1.end());
+    std::vector<float> wts(4, 0.25f);
+    wts.insert(wts.end(), w1.begin(), w1.end());
+    loom::DeviceBuffer<std::int32_t> dids(ids);
+    loom::DeviceBuffer<float> dw(wts);
+    try {
+      layer.forward(dx.get(), 2, dids.get(), dw.get(), dout.get());
+      layer.check();
+    } catch (loom::Error const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::vector<float> const ok(4, 0.25f);
+  EXPECT_NE(message({1, 9, 1, 2}, ok).find("token 1 names expert 9, outside"), std::string::npos);
+  EXPECT_NE(message({3, 3, -7, 2}, ok).find("token 1 names expert 3 twice"), std::string::npos);
+  EXPECT_NE(message({5, 6, 7, 5}, {0.25f, nan, 0.25f, 0.25f})
+                .find("token 1 has a non-finite weight for expert 6"),
+            std::string::npos);
+  // A repeat before a non-finite weight, and -1 entries that repeat without being an error.
+  EXPECT_NE(message({4, 4, 6, 7}, {0.25f, 0.25f, nan, 0.25f}).find("token 1 names expert 4 twice"),
+            std::string::npos);
+  EXPECT_EQ(message({-1, 2, -1, 5}, {nan, 0.5f, nan, 0.5f}), "no error");
+}
+
 TEST(GpuMoE, NaNInATokenStaysInItsOwnRow) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 128);
