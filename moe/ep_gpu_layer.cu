@@ -1,7 +1,6 @@
-#include "moe/ep_gpu_layer.cuh"
-
 #include <algorithm>
 
+#include "moe/ep_gpu_layer.cuh"
 #include "runtime/cuda/scoped_device.hpp"
 
 namespace loom::moe {
@@ -102,6 +101,11 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
 }
 
 void GpuEpMoERank::launch(EpRankCall const& call, cudaStream_t stream) {
+  prepare(call, stream);
+  start(stream);
+}
+
+void GpuEpMoERank::prepare(EpRankCall const& call, cudaStream_t stream) {
   ScopedDevice on(device_);
   if (call.tokens > config_.max_tokens)
     throw Error("loom: rank " + std::to_string(shape_.rank) + ": " + std::to_string(call.tokens) +
@@ -116,9 +120,12 @@ void GpuEpMoERank::launch(EpRankCall const& call, cudaStream_t stream) {
                               cudaMemcpyDeviceToDevice, stream));
   }
   last_tokens_ = call.tokens;
-  set_ep_call<<<1, 1, 0, stream>>>(view_.get(), call.x, call.out, call.tokens,
-                                   call.ids ? 1u : 0u);
+  set_ep_call<<<1, 1, 0, stream>>>(view_.get(), call.x, call.out, call.tokens, call.ids ? 1u : 0u);
   LOOM_CUDA(cudaGetLastError());
+}
+
+void GpuEpMoERank::start(cudaStream_t stream) {
+  ScopedDevice on(device_);
   executor_->launch(stream);
 }
 
@@ -161,8 +168,7 @@ std::vector<float> GpuEpMoERank::topk_weights() const {
 }
 
 GpuEpMoEGroup::GpuEpMoEGroup(MoEConfig const& config, MoEWeights const& weights,
-                             std::vector<int> const& devices, GpuOptions options,
-                             int silent_rank) {
+                             std::vector<int> const& devices, GpuOptions options, int silent_rank) {
   auto const world = static_cast<std::uint32_t>(devices.size());
   validate_placement(config, world);
   comms_ = NcclCommunicator::init_all(devices);
@@ -194,7 +200,8 @@ void GpuEpMoEGroup::forward(std::vector<EpRankCall> const& calls) {
   if (calls.size() != world())
     throw Error("loom: " + std::to_string(calls.size()) + " rank calls for a group of " +
                 std::to_string(world()) + " GPUs");
-  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->launch(calls[r], streams_[r]);
+  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->prepare(calls[r], streams_[r]);
+  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->start(streams_[r]);
 }
 
 void GpuEpMoEGroup::check() {

@@ -34,8 +34,14 @@ class GpuEpMoERank {
   int device() const { return device_; }
 
   // Enqueues this rank's launch for one call (device pointers in `call`); no host sync. Every
-  // rank of the world must launch for the same call.
+  // rank of the world must launch for the same call. The same as prepare() then start().
   void launch(EpRankCall const& call, cudaStream_t stream);
+  // The two halves of launch, for a process driving several ranks: prepare() checks the call
+  // and enqueues its routing copies and parameters; start() enqueues the persistent launch.
+  // Preparing every rank before starting any keeps the ranks' launches close together (each
+  // waits for the others' counts messages), and a bad call on one rank launches none.
+  void prepare(EpRankCall const& call, cudaStream_t stream);
+  void start(cudaStream_t stream);
   // Waits for `stream`; returns the launch's error ("" if none), leaving the state as it is.
   std::string failure(cudaStream_t stream);
   // After a failed call on any rank: the next launch is number `epoch` with every counter

@@ -15,9 +15,9 @@ namespace {
 
 using namespace loom::moe;
 
-#define LOOM_REQUIRE_GPUS(n)                                                                \
-  do {                                                                                      \
-    if (::loom::cuda_device_count() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs";     \
+#define LOOM_REQUIRE_GPUS(n)                                                           \
+  do {                                                                                 \
+    if (::loom::cuda_device_count() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs"; \
   } while (0)
 
 std::vector<int> first_devices(std::uint32_t n) {
@@ -129,7 +129,8 @@ TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
         std::int32_t a = 0, b = -1;
         if (pattern == 0) a = per_rank * static_cast<std::int32_t>(world - 1), b = a + per_rank - 1;
         if (pattern == 1) a = 1, b = -1;  // one hot expert
-        if (pattern == 2) a = t % 4 ? int(rng() % c.experts) : -1, b = t % 3 ? -1 : int(rng() % c.experts);
+        if (pattern == 2)
+          a = t % 4 ? int(rng() % c.experts) : -1, b = t % 3 ? -1 : int(rng() % c.experts);
         if (pattern == 3) a = int(rng() % c.experts), b = int(rng() % c.experts);
         if (a == b) b = -1;
         d.ids[2 * t] = a, d.ids[2 * t + 1] = b;
@@ -141,9 +142,10 @@ TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
     group.check();
     for (std::uint32_t r = 0; r < world; ++r) {
       if (ranks[r].tokens == 0) continue;
-      auto const ref = reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens,
-                                     ranks[r].ids.data(), ranks[r].weights.data());
-      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "pattern " << pattern << " rank " << r;
+      auto const ref = reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens, ranks[r].ids.data(),
+                                     ranks[r].weights.data());
+      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2)
+          << "pattern " << pattern << " rank " << r;
     }
   }
 }
@@ -185,13 +187,48 @@ TEST(EpGpu, OutputIsBitwiseIdenticalForOneTwoAndFourRanks) {
       first = joined;
       auto const ids = group.rank(0).topk_ids();
       auto const wts = group.rank(0).topk_weights();
-      EXPECT_LT(relative_error(joined, reference_moe(whole, w, x.data(), global_tokens,
-                                                     ids.data(), wts.data())),
+      EXPECT_LT(relative_error(joined, reference_moe(whole, w, x.data(), global_tokens, ids.data(),
+                                                     wts.data())),
                 1e-2);
     } else {
       EXPECT_EQ(0, std::memcmp(first.data(), joined.data(), first.size() * sizeof(bf16)))
           << "world " << world << " differs from world 1";
     }
+  }
+}
+
+// A call that is bad on one rank is refused before any rank launches (a launched rank would
+// wait for the refused one's counts until its watchdog); the next good call runs.
+TEST(EpGpu, ABadCallOnOneRankLaunchesNoRank) {
+  LOOM_REQUIRE_GPUS(2);
+  MoEConfig const c = moe_test::config(Activation::relu, RouterScore::softmax, 256, 256, 8, 2, 64);
+  MoEWeights const w = random_weights(c, 4);
+  GpuEpMoEGroup group(c, w, first_devices(2));
+  std::vector<RankData> ranks(2);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    ranks[r].device = static_cast<int>(r);
+    ranks[r].tokens = 64;
+    ranks[r].x = random_tokens(c, 64, 40 + r);
+    ranks[r].upload(c.hidden);
+  }
+  std::vector<EpRankCall> bad = calls(ranks, false);
+  bad[1].tokens = c.max_tokens + 1;
+  try {
+    group.forward(bad);
+    FAIL() << "the call was accepted";
+  } catch (loom::Error const& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1: 65 tokens exceed max_tokens=64"),
+              std::string::npos)
+        << e.what();
+  }
+  group.check();  // nothing launched, nothing failed
+  group.forward(calls(ranks, false));
+  group.check();
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto const ids = group.rank(r).topk_ids();
+    auto const wts = group.rank(r).topk_weights();
+    auto const ref = reference_moe(c, w, ranks[r].x.data(), 64, ids.data(), wts.data());
+    EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "rank " << r;
   }
 }
 
