@@ -169,7 +169,6 @@ UnfusedMoELayer::UnfusedMoELayer(MoEConfig const& config, MoEWeights const& weig
   cub_temp_bytes_ = std::max(sort_bytes, histogram_bytes);
   cub_temp_ = DeviceBuffer<unsigned char>(cub_temp_bytes_);
 
-  check_cublas(cublasCreate(&cublas_), "cublasCreate");
   LOOM_CUDA(cudaMallocHost(&host_counts_, (e + 1) * sizeof(int)));
   LOOM_CUDA(cudaMallocHost(&host_group_ptrs_, 6 * e * sizeof(void*)));
   LOOM_CUDA(cudaEventCreateWithFlags(&counts_ready_, cudaEventDisableTiming));
@@ -187,7 +186,6 @@ UnfusedMoELayer::UnfusedMoELayer(MoEConfig const& config, MoEWeights const& weig
 }
 
 UnfusedMoELayer::~UnfusedMoELayer() {
-  if (cublas_) cublasDestroy(cublas_);
   if (host_counts_) cudaFreeHost(host_counts_);
   if (host_group_ptrs_) cudaFreeHost(host_group_ptrs_);
   if (counts_ready_) cudaEventDestroy(counts_ready_);
@@ -211,10 +209,10 @@ void UnfusedMoELayer::route(bf16 const* x, std::uint32_t tokens, cudaStream_t st
   if (tokens == 0) return;
   float const one = 1.0f, zero = 0.0f;
   int const e = static_cast<int>(config_.experts), h = static_cast<int>(config_.hidden);
-  check_cublas(cublasSetStream(cublas_, stream), "cublasSetStream");
+  check_cublas(cublasSetStream(cublas_.get(), stream), "cublasSetStream");
   // logits [T][E] (row-major) = x [T][H] · Wrᵀ, i.e. column-major [E][T] = Wr · xᵀ.
-  check_cublas(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, e, static_cast<int>(tokens), h, &one,
-                            router_w_.get(), CUDA_R_16BF, h, x, CUDA_R_16BF, h, &zero,
+  check_cublas(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, e, static_cast<int>(tokens), h,
+                            &one, router_w_.get(), CUDA_R_16BF, h, x, CUDA_R_16BF, h, &zero,
                             logits_.get(), CUDA_R_32F, e, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (router)");
   score_and_select<<<blocks_for(tokens, 128), 128, 0, stream>>>(
@@ -235,7 +233,7 @@ void UnfusedMoELayer::run_experts(bf16 const* x, std::uint32_t tokens, std::int3
     std::fill(host_counts_, host_counts_ + experts + 1, 0);
     return;
   }
-  check_cublas(cublasSetStream(cublas_, stream), "cublasSetStream");
+  check_cublas(cublasSetStream(cublas_.get(), stream), "cublasSetStream");
 
   // Sort: keys, the rows per expert (sent to the host), the permutation.
   expert_keys<<<blocks_for(pairs, 256), 256, 0, stream>>>(ids, pairs, experts, keys_.get(),
@@ -299,9 +297,9 @@ void UnfusedMoELayer::expert_gemms(int stage, bf16 const* w, std::uint32_t w_row
     // Row-major result_e [n_e][m] is column-major [m][n_e] = W_e · in_eᵀ.
     for (std::uint32_t e : busy_) {
       auto const o = operands(e);
-      check_cublas(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, host_counts_[e], kk, &one,
-                                o.a, CUDA_R_16BF, kk, o.b, CUDA_R_16BF, kk, &zero, o.c, CUDA_R_16BF,
-                                m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      check_cublas(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, m, host_counts_[e], kk,
+                                &one, o.a, CUDA_R_16BF, kk, o.b, CUDA_R_16BF, kk, &zero, o.c,
+                                CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (expert)");
     }
     return;
@@ -340,9 +338,9 @@ void UnfusedMoELayer::expert_gemms(int stage, bf16 const* w, std::uint32_t w_row
   }
   void** dev = group_ptrs_.get() + stage * 3 * experts;
   check_cublas(
-      cublasGemmGroupedBatchedEx(cublas_, op_t_.data(), op_n_.data(), ms, ns, ks, alpha_.data(),
-                                 const_cast<void const* const*>(dev), CUDA_R_16BF, ks,
-                                 const_cast<void const* const*>(dev + experts), CUDA_R_16BF, ks,
+      cublasGemmGroupedBatchedEx(cublas_.get(), op_t_.data(), op_n_.data(), ms, ns, ks,
+                                 alpha_.data(), const_cast<void const* const*>(dev), CUDA_R_16BF,
+                                 ks, const_cast<void const* const*>(dev + experts), CUDA_R_16BF, ks,
                                  beta_.data(), dev + 2 * experts, CUDA_R_16BF, ms,
                                  static_cast<int>(groups), ones_.data(), CUBLAS_COMPUTE_32F),
       "cublasGemmGroupedBatchedEx (experts)");

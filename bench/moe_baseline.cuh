@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "moe/weights.hpp"
+#include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 
 namespace loom::moe {
@@ -70,7 +71,7 @@ class UnfusedMoELayer {
 
   MoEConfig config_;
   ExpertGemmDispatch dispatch_;
-  cublasHandle_t cublas_ = nullptr;
+  CublasHandle cublas_;
   // Weights: [E][H], [E][up_cols][H], [E][H][D].
   DeviceBuffer<bf16> router_w_, w1_, w2_;
   // Router: logits [T][E], chosen weights and ids [T][k].
