@@ -230,22 +230,29 @@ TEST(GpuMoE, LastMTilesOfFewRowsRunOnTheShortOperands) {
   }
 }
 
+// The error a call with the caller's routing ends in, or "no error".
+std::string routing_failure(GpuMoELayer& layer, bf16 const* x, std::uint32_t tokens,
+                            std::vector<std::int32_t> const& ids, std::vector<float> const& wts,
+                            bf16* out) {
+  loom::DeviceBuffer<std::int32_t> dids(ids);
+  loom::DeviceBuffer<float> dw(wts);
+  try {
+    layer.forward(x, tokens, dids.get(), dw.get(), out);
+    layer.check();
+  } catch (loom::Error const& e) {
+    return std::string(e.what());
+  }
+  return "no error";
+}
+
 TEST(GpuMoE, InvalidCallerRoutingEndsTheCallWithItsReason) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 64);
   GpuMoELayer layer(c, random_weights(c, 5));
   auto const x = random_tokens(c, 4, 5);
   loom::DeviceBuffer<bf16> dx(x), dout(4 * c.hidden);
-  auto message = [&](std::vector<std::int32_t> ids, std::vector<float> wts) {
-    loom::DeviceBuffer<std::int32_t> dids(ids);
-    loom::DeviceBuffer<float> dw(wts);
-    try {
-      layer.forward(dx.get(), 4, dids.get(), dw.get(), dout.get());
-      layer.check();
-    } catch (loom::Error const& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+  auto message = [&](std::vector<std::int32_t> const& ids, std::vector<float> const& wts) {
+    return routing_failure(layer, dx.get(), 4, ids, wts, dout.get());
   };
   std::vector<float> const w8(8, 0.5f);
   EXPECT_NE(message({0, 1, 2, 8, 0, 1, 2, 3}, w8).find("token 1 names expert 8, outside"),
@@ -282,15 +289,7 @@ TEST(GpuMoE, InvalidCallerRoutingNamesTheFirstFailingSlot) {
     ids.insert(ids.end(), token1.begin(), token1.end());
     std::vector<float> wts(4, 0.25f);
     wts.insert(wts.end(), w1.begin(), w1.end());
-    loom::DeviceBuffer<std::int32_t> dids(ids);
-    loom::DeviceBuffer<float> dw(wts);
-    try {
-      layer.forward(dx.get(), 2, dids.get(), dw.get(), dout.get());
-      layer.check();
-    } catch (loom::Error const& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return routing_failure(layer, dx.get(), 2, ids, wts, dout.get());
   };
   std::vector<float> const ok(4, 0.25f);
   EXPECT_NE(message({1, 9, 1, 2}, ok).find("token 1 names expert 9, outside"), std::string::npos);

@@ -607,15 +607,24 @@ TEST(GpuRuntime, LauncherRefusesAPipelineThatCannotBeResident) {
   }
 }
 
-TEST(GpuRuntime, TraceRecordsEveryTask) {
-  LOOM_REQUIRE_GPU();
+// n independent empty tasks, task i with id i.
+auto empty_tasks(std::uint32_t n) {
   GraphBuilder b;
-  constexpr std::uint32_t n = 1000;
   for (std::uint32_t i = 0; i < n; ++i)
     b.add_task(TestPipeline::make<loom::tasks::Empty>({0}, loom::kNoEvent, i));
+  return b.build();
+}
+
+loom::GpuOptions tracing(std::uint32_t records) {
   loom::GpuOptions o;
-  o.trace_capacity = 2 * n;
-  loom::GpuExecutor<TestPipeline> ex(b.build(), o);
+  o.trace_capacity = records;
+  return o;
+}
+
+TEST(GpuRuntime, TraceRecordsEveryTask) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t n = 1000;
+  loom::GpuExecutor<TestPipeline> ex(empty_tasks(n), tracing(2 * n));
   ex.run();
   auto const trace = ex.take_trace();
   ASSERT_EQ(trace.size(), n);
@@ -636,17 +645,12 @@ TEST(GpuRuntime, TraceRecordsEveryTask) {
 TEST(GpuRuntime, TraceIsTakenFromTheExecutorsDeviceWhicheverIsCurrent) {
   LOOM_REQUIRE_GPU();
   if (loom::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  GraphBuilder b;
   constexpr std::uint32_t n = 64;
-  for (std::uint32_t i = 0; i < n; ++i)
-    b.add_task(TestPipeline::make<loom::tasks::Empty>({0}, loom::kNoEvent, i));
-  loom::GpuOptions o;
-  o.trace_capacity = 2 * n;
   loom::ScopedDevice const first(0);
   std::optional<loom::GpuExecutor<TestPipeline>> ex;
   {
     loom::ScopedDevice const second(1);
-    ex.emplace(b.build(), o);
+    ex.emplace(empty_tasks(n), tracing(2 * n));
     ex->run();
   }
   EXPECT_EQ(ex->take_trace().size(), n);  // device 0 current
