@@ -11,6 +11,10 @@
 //   - "router": the fused layer with its router (the baseline has none in EP form).
 // Columns: median ms, MTokens/s (all ranks' tokens per second), speedup = baseline / fused.
 //
+// --sweep runs FlashDMoE's setting instead: H = D = 2048, top-2, SwiGLU, E in {8, 16, 32, 64,
+// 128} experts in all (the same E at every P, so each rank holds E / P), 1024 to 16384 tokens
+// per GPU, at P = 1, 2, 4, 8 as present.
+//
 // At P >= 2 the run first measures the LSA store bandwidth (every rank storing through NCCL's
 // peer pointers into every other rank's window at once, the dispatch's traffic pattern). With
 // --trace it also reports the dispatch's rate on each rank: the bytes its route tasks stored into
@@ -41,8 +45,16 @@ double median(std::vector<double> v) {
 }
 
 struct Scenario {
-  char const* name;
-  std::uint32_t hidden, ffn, experts_per_rank, top_k, tokens_per_rank;
+  std::string name;
+  std::uint32_t hidden, ffn;
+  std::uint32_t experts;  // per rank, or in all when experts_fixed
+  std::uint32_t top_k, tokens_per_rank;
+  bool experts_fixed = false;  // the same experts over every world size (the sweep)
+  bool measure_links = true;   // the LSA store bandwidth first, at P >= 2
+
+  std::uint32_t experts_for(std::uint32_t world) const {
+    return experts_fixed ? experts : experts * world;
+  }
 };
 
 struct RankInputs {
@@ -126,13 +138,13 @@ double dispatch_bytes(MoEConfig const& c, std::vector<std::int32_t> const& ids, 
 void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& first_json,
          std::string const& trace_prefix) {
   MoEConfig c;
-  c.hidden = s.hidden, c.ffn = s.ffn, c.experts = s.experts_per_rank * world, c.top_k = s.top_k;
+  c.hidden = s.hidden, c.ffn = s.ffn, c.experts = s.experts_for(world), c.top_k = s.top_k;
   c.activation = Activation::swiglu, c.router = RouterScore::softmax;
   c.max_tokens = s.tokens_per_rank;
   std::vector<int> devices(world);
   for (std::uint32_t r = 0; r < world; ++r) devices[r] = static_cast<int>(r);
-  double const lsa = world > 1 ? lsa_store_gbps(devices) : 0.0;
-  if (world > 1)
+  double const lsa = world > 1 && s.measure_links ? lsa_store_gbps(devices) : 0.0;
+  if (lsa > 0)
     std::printf("P=%u: LSA stores, every rank to every other at once: %.1f GB/s out of each rank\n",
                 world, lsa);
   MoEWeights const w = random_weights(c, 1234);
@@ -202,9 +214,10 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
       double const gbps = end > begin ? bytes / double(end - begin) : 0.0;
       std::printf(
           "%-8s P=%u rank %u: dispatch %.1f MB to peers during %.1f us of route+dispatch: "
-          "%.1f GB/s, %.0f%% of the LSA store bandwidth\n",
-          s.name, world, r, bytes / 1e6, (end - begin) / 1e3, gbps,
-          lsa > 0 ? 100.0 * gbps / lsa : 0.0);
+          "%.1f GB/s",
+          s.name.c_str(), world, r, bytes / 1e6, (end - begin) / 1e3, gbps);
+      if (lsa > 0) std::printf(", %.0f%% of the LSA store bandwidth", 100.0 * gbps / lsa);
+      std::printf("\n");
       dispatch_gbps = std::max(dispatch_gbps, gbps);
     }
   }
@@ -240,7 +253,7 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   std::printf(
       "%-8s P=%u E=%-4u T/rank=%-6u  fused(router) %8.3f ms  fused(given) %8.3f ms  "
       "baseline(given) %8.3f ms  speedup %5.2fx  %7.2f MTok/s  rel.diff %.1e\n",
-      s.name, world, c.experts, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
+      s.name.c_str(), world, c.experts, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
       base_given * 1e3, base_given / fused_given, tokens / fused_router / 1e6, rel);
   std::fflush(stdout);
   if (json) {
@@ -249,9 +262,9 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
                  "\"top_k\":%u,\"tokens_per_rank\":%u,\"fused_router_ms\":%.4f,"
                  "\"fused_given_ms\":%.4f,\"baseline_given_ms\":%.4f,\"rel_diff\":%.3e,"
                  "\"lsa_store_GBps\":%.1f,\"dispatch_GBps\":%.1f}",
-                 first_json ? "" : ",\n", s.name, world, c.experts, c.hidden, c.ffn, c.top_k,
-                 s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3, base_given * 1e3, rel,
-                 lsa, dispatch_gbps);
+                 first_json ? "" : ",\n", s.name.c_str(), world, c.experts, c.hidden, c.ffn,
+                 c.top_k, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
+                 base_given * 1e3, rel, lsa, dispatch_gbps);
     first_json = false;
   }
 }
@@ -262,6 +275,7 @@ int main(int argc, char** argv) {
   int iters = 10;
   std::uint32_t max_world = 4;
   std::string only, json_path, trace_prefix;
+  bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
     if (a == "--iters" && i + 1 < argc)
@@ -274,12 +288,18 @@ int main(int argc, char** argv) {
       json_path = argv[++i];
     else if (a == "--trace" && i + 1 < argc)
       trace_prefix = argv[++i];
+    else if (a == "--sweep")
+      sweep = true;
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--iters N] [--max-world P] [--only weak|decode] [--json FILE]\n"
-                   "          [--trace PREFIX]  (one more given-routing call per run, traced:\n"
-                   "                             PREFIX.<scenario>.P<world>.r<rank>.json)\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--iters N] [--max-world P] [--only SCENARIO] [--json FILE]\n"
+          "          [--trace PREFIX]  (one more given-routing call per run, traced:\n"
+          "                             PREFIX.<scenario>.P<world>.r<rank>.json)\n"
+          "          [--sweep]         FlashDMoE's grid instead of weak and decode:\n"
+          "                             H = D = 2048, top-2, E in {8, ..., 128} in all,\n"
+          "                             1024 to 16384 tokens per GPU (scenario E<e>.T<t>)\n",
+          argv[0]);
       return a == "--help" ? 0 : 2;
     }
   }
@@ -292,10 +312,17 @@ int main(int argc, char** argv) {
   LOOM_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %d x %s; medians of %d calls (host wall time, launch to last stream)\n",
               devices, prop.name, iters);
-  Scenario const scenarios[] = {
+  std::vector<Scenario> scenarios = {
       {"weak", 2048, 2048, 32, 2, 8192},
       {"decode", 7168, 2048, 32, 8, 128},
   };
+  if (sweep) {
+    scenarios.clear();
+    for (std::uint32_t e = 8; e <= 128; e *= 2)
+      for (std::uint32_t t = 1024; t <= 16384; t *= 2)
+        scenarios.push_back({"E" + std::to_string(e) + ".T" + std::to_string(t), 2048, 2048, e, 2,
+                             t, /*experts_fixed=*/true, /*measure_links=*/false});
+  }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (json) std::fprintf(json, "[\n");
   bool first = true;
@@ -304,7 +331,7 @@ int main(int argc, char** argv) {
       if (!only.empty() && only != s.name) continue;
       for (std::uint32_t world = 1; world <= std::min<std::uint32_t>(max_world, devices);
            world *= 2)
-        run(s, world, iters, json, first, trace_prefix);
+        if (s.experts_for(world) % world == 0) run(s, world, iters, json, first, trace_prefix);
     }
   } catch (loom::Error const& e) {
     std::fprintf(stderr, "%s\n", e.what());
