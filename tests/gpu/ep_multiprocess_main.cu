@@ -1,0 +1,94 @@
+// One rank of the expert-parallel MoE layer in its own process (start it with
+// scripts/launch.sh -n P -- this program): reads its place from the LOOM_* environment, joins the
+// communicator through the rendezvous, registers its symmetric window and runs a GpuEpMoERank
+// for three calls with the fused router, each with a different token count per rank (one call
+// with none on the last rank), checking its routing and output against the float64 reference.
+// Every rank draws the same weights (a shared seed); tokens differ per rank. Exits 0 on success,
+// 1 with a message otherwise, and 0 with "skipped: needs 2 GPUs" where fewer exist (CI has none).
+#include <cstdio>
+#include <random>
+
+#include "moe/ep_gpu_layer.cuh"
+#include "moe/reference.hpp"
+#include "runtime/cuda/nccl_heap.hpp"
+
+namespace {
+
+using namespace loom::moe;
+
+// Rank 0 draws the seed and broadcasts it.
+std::uint64_t shared_seed(loom::NcclCommunicator const& comm) {
+  std::uint64_t seed = 0;
+  if (comm.rank() == 0) {
+    std::random_device rd;
+    seed = (std::uint64_t(rd()) << 32) | rd();
+  }
+  loom::DeviceBuffer<std::uint64_t> word(std::vector<std::uint64_t>{seed});
+  LOOM_NCCL(ncclBroadcast(word.get(), word.get(), 1, ncclUint64, 0, comm.get(), nullptr));
+  return word.download()[0];
+}
+
+int run(loom::RankEnvironment const& env) {
+  loom::NcclCommunicator const comm = loom::NcclCommunicator::init_rank(env);
+  MoEConfig c;
+  c.hidden = 512, c.ffn = 256, c.experts = 4 * env.world, c.top_k = 2;
+  c.activation = Activation::swiglu, c.router = RouterScore::softmax, c.max_tokens = 256;
+  std::uint64_t const seed = shared_seed(comm);
+  std::printf("rank %u: seed %llu\n", env.rank, static_cast<unsigned long long>(seed));
+  MoEWeights const w = random_weights(c, seed);
+  loom::NcclSymmetricHeap heap(comm, ep_heap_bytes(c, env.world));
+  loom::GpuOptions options;
+  options.device = env.device;
+  GpuEpMoERank rank(c, w, heap.view(), options);
+  cudaStream_t stream = nullptr;
+  LOOM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937 rng(static_cast<unsigned>(seed + env.rank));
+  int status = 0;
+  for (int call = 0; call < 3 && status == 0; ++call) {
+    std::uint32_t const tokens =
+        call == 1 && env.rank == env.world - 1 ? 0 : 1 + rng() % c.max_tokens;
+    auto const x = random_tokens(c, tokens, seed + 31 * env.rank + call);
+    loom::DeviceBuffer<bf16> dx(x), dout(std::max<std::size_t>(1, std::size_t{tokens} * c.hidden));
+    dout.fill_bytes(0xFF);  // NaN
+    EpRankCall one;
+    one.x = dx.get(), one.tokens = tokens, one.out = dout.get();
+    rank.launch(one, stream);
+    if (std::string const failure = rank.failure(stream); !failure.empty()) {
+      std::fprintf(stderr, "FAILED call %d: %s\n", call, failure.c_str());
+      status = 1;
+      break;
+    }
+    if (tokens == 0) continue;
+    auto const ids = rank.topk_ids();
+    auto const wts = rank.topk_weights();
+    std::string const routing = check_routing(c, reference_scores(c, w, x.data(), tokens), tokens,
+                                              ids.data(), wts.data(), 1e-3);
+    double const error = relative_error(
+        dout.download(), reference_moe(c, w, x.data(), tokens, ids.data(), wts.data()));
+    std::printf("rank %u call %d: %u tokens, routing %s, relative error %.3e\n", env.rank, call,
+                tokens, routing.empty() ? "ok" : routing.c_str(), error);
+    if (!routing.empty() || !(error < 1e-2)) status = 1;
+  }
+  LOOM_CUDA(cudaStreamDestroy(stream));
+  if (status == 0)
+    std::printf("rank %u of %u (device %d): three calls match the float64 reference\n", env.rank,
+                env.world, env.device);
+  return status;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    loom::RankEnvironment const env = loom::RankEnvironment::from_environment();
+    int const gpus = loom::cuda_device_count();
+    if (gpus < 2) {
+      std::printf("skipped: needs 2 GPUs, found %d\n", gpus);
+      return 0;
+    }
+    return run(env);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "FAILED: %s\n", e.what());
+    return 1;
+  }
+}
