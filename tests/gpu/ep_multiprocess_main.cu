@@ -11,29 +11,18 @@
 #include "moe/ep_gpu_layer.cuh"
 #include "moe/reference.hpp"
 #include "runtime/cuda/nccl_heap.hpp"
+#include "tests/gpu/multiprocess.cuh"
 
 namespace {
 
 using namespace loom::moe;
-
-// Rank 0 draws the seed and broadcasts it.
-std::uint64_t shared_seed(loom::NcclCommunicator const& comm) {
-  std::uint64_t seed = 0;
-  if (comm.rank() == 0) {
-    std::random_device rd;
-    seed = (std::uint64_t(rd()) << 32) | rd();
-  }
-  loom::DeviceBuffer<std::uint64_t> word(std::vector<std::uint64_t>{seed});
-  LOOM_NCCL(ncclBroadcast(word.get(), word.get(), 1, ncclUint64, 0, comm.get(), nullptr));
-  return word.download()[0];
-}
 
 int run(loom::RankEnvironment const& env) {
   loom::NcclCommunicator const comm = loom::NcclCommunicator::init_rank(env);
   MoEConfig c;
   c.hidden = 512, c.ffn = 256, c.experts = 4 * env.world, c.top_k = 2;
   c.activation = Activation::swiglu, c.router = RouterScore::softmax, c.max_tokens = 256;
-  std::uint64_t const seed = shared_seed(comm);
+  std::uint64_t const seed = loom_multiprocess::shared_seed(comm);
   std::printf("rank %u: seed %llu\n", env.rank, static_cast<unsigned long long>(seed));
   MoEWeights const w = random_weights(c, seed);
   loom::NcclSymmetricHeap heap(comm, ep_heap_bytes(c, env.world));
@@ -79,16 +68,5 @@ int run(loom::RankEnvironment const& env) {
 }  // namespace
 
 int main() {
-  try {
-    loom::RankEnvironment const env = loom::RankEnvironment::from_environment();
-    int const gpus = loom::cuda_device_count();
-    if (gpus < 2) {
-      std::printf("skipped: needs 2 GPUs, found %d\n", gpus);
-      return 0;
-    }
-    return run(env);
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
+  return loom_multiprocess::rank_main(run);
 }

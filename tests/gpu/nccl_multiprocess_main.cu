@@ -6,21 +6,10 @@
 #include <cstdio>
 #include <random>
 
+#include "tests/gpu/multiprocess.cuh"
 #include "tests/gpu/nccl_exchange.cuh"
 
 namespace {
-
-// Rank 0 draws the seed and broadcasts it, so every rank expects the same words.
-std::uint64_t shared_seed(loom::NcclCommunicator const& comm) {
-  std::uint64_t seed = 0;
-  if (comm.rank() == 0) {
-    std::random_device rd;
-    seed = (std::uint64_t(rd()) << 32) | rd();
-  }
-  loom::DeviceBuffer<std::uint64_t> word(std::vector<std::uint64_t>{seed});
-  LOOM_NCCL(ncclBroadcast(word.get(), word.get(), 1, ncclUint64, 0, comm.get(), nullptr));
-  return word.download()[0];
-}
 
 int run(loom::RankEnvironment const& env) {
   loom::NcclCommunicator const comm = loom::NcclCommunicator::init_rank(env);
@@ -28,7 +17,7 @@ int run(loom::RankEnvironment const& env) {
   layout.add("leading.pad", 1000, 64);
   auto const regions = loom_nccl_test::lay_out_exchange(layout, env.world, 64 * 1024 + 17);
   loom::NcclSymmetricHeap heap(comm, layout.bytes());
-  std::uint64_t const seed = shared_seed(comm);
+  std::uint64_t const seed = loom_multiprocess::shared_seed(comm);
   std::printf("rank %u: seed %llu\n", env.rank, static_cast<unsigned long long>(seed));
   for (int round = 0; round < 2; ++round) {
     loom_nccl_test::ExchangeRun run(heap, regions, seed + round);
@@ -54,16 +43,5 @@ int run(loom::RankEnvironment const& env) {
 }  // namespace
 
 int main() {
-  try {
-    loom::RankEnvironment const env = loom::RankEnvironment::from_environment();
-    int const gpus = loom::cuda_device_count();
-    if (gpus < 2) {
-      std::printf("skipped: needs 2 GPUs, found %d\n", gpus);
-      return 0;
-    }
-    return run(env);
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
+  return loom_multiprocess::rank_main(run);
 }
