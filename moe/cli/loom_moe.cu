@@ -1,6 +1,7 @@
 // loom-moe: runs the fused MoE layer on the GPU (one persistent launch per call) or on the CPU
 // executor, checks it against the float64 reference, and reports latency, throughput and the
-// distance to the floor.
+// distance to the floor. With --ranks P the experts are spread over P ranks (expert parallelism:
+// P GPUs of this process, or P virtual ranks of the CPU executor), each with --tokens tokens.
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -12,8 +13,11 @@
 
 #include "moe/cli/floor.hpp"
 #include "moe/cpu_layer.hpp"
+#include "moe/ep_cpu_layer.hpp"
+#include "moe/ep_gpu_layer.cuh"
 #include "moe/gpu_layer.cuh"
 #include "moe/reference.hpp"
+#include "runtime/cuda/scoped_device.hpp"
 #include "runtime/trace.hpp"
 
 namespace {
@@ -21,14 +25,25 @@ namespace {
 using namespace loom::moe;
 namespace po = boost::program_options;
 
+// Of every rank in rank order: outputs, routing and traces; expert_tokens sums the ranks' tokens
+// per expert (all E).
 struct Run {
   std::vector<bf16> out;
   std::vector<std::int32_t> ids;
   std::vector<float> weights;
   std::vector<std::uint32_t> expert_tokens;
   std::vector<double> call_ms;
-  std::vector<loom::TraceRecord> trace;
+  std::vector<std::vector<loom::TraceRecord>> traces;  // one per rank
   std::string device;
+
+  void add_rank(std::vector<std::int32_t> const& rank_ids, std::vector<float> const& rank_weights,
+                std::vector<std::uint32_t> const& rank_expert_tokens) {
+    ids.insert(ids.end(), rank_ids.begin(), rank_ids.end());
+    weights.insert(weights.end(), rank_weights.begin(), rank_weights.end());
+    expert_tokens.resize(rank_expert_tokens.size());
+    for (std::size_t e = 0; e < expert_tokens.size(); ++e)
+      expert_tokens[e] += rank_expert_tokens[e];
+  }
 };
 
 // A progress bar on stderr for runs that take more than a couple of seconds.
@@ -66,10 +81,43 @@ Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     Progress(iters, r.call_ms[0]).step(i + 1);
   }
-  r.trace = layer.executor().take_trace(0);
-  r.ids = layer.topk_ids();
-  r.weights = layer.topk_weights();
-  r.expert_tokens = layer.expert_tokens();
+  r.traces = {layer.executor().take_trace(0)};
+  r.add_rank(layer.topk_ids(), layer.topk_weights(), layer.expert_tokens());
+  return r;
+}
+
+// Expert parallelism over `ranks` virtual ranks; rank q takes tokens [q * tokens, (q + 1) * tokens)
+// of x.
+Run run_cpu_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
+               std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace) {
+  loom::CpuOptions options;
+  options.trace_capacity =
+      trace
+          ? 4 * ep_dynamic_bound(make_ep_shape(c, EpPlacement{0, ranks}, choose_ep_gemms(c, ranks)))
+          : 0;
+  CpuEpMoELayer layer(c, w, ranks, options);
+  Run r;
+  r.device = "CPU executor, " + std::to_string(ranks) + " virtual ranks (" +
+             std::to_string(options.processors) + " processor threads each)";
+  r.out.resize(x.size());
+  std::vector<EpRankCall> calls(ranks);
+  for (std::uint32_t q = 0; q < ranks; ++q) {
+    calls[q].x = x.data() + std::size_t{q} * tokens * c.hidden;
+    calls[q].tokens = tokens;
+    calls[q].out = r.out.data() + std::size_t{q} * tokens * c.hidden;
+  }
+  for (unsigned i = 0; i < iters; ++i) {
+    for (std::uint32_t q = 0; q < ranks; ++q) layer.executor().take_trace(q);
+    auto const t0 = std::chrono::steady_clock::now();
+    layer.forward(calls);
+    r.call_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    Progress(iters, r.call_ms[0]).step(i + 1);
+  }
+  for (std::uint32_t q = 0; q < ranks; ++q) {
+    r.traces.push_back(layer.executor().take_trace(q));
+    r.add_rank(layer.topk_ids(q), layer.topk_weights(q), layer.expert_tokens(q));
+  }
   return r;
 }
 
@@ -125,12 +173,83 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  r.trace = layer.executor().take_trace();
+  r.traces = {layer.executor().take_trace()};
   r.out = dout.download();
-  r.ids = layer.topk_ids();
-  r.weights = layer.topk_weights();
-  r.expert_tokens = layer.expert_tokens();
+  r.add_rank(layer.topk_ids(), layer.topk_weights(), layer.expert_tokens());
   return r;
+}
+
+// Expert parallelism over GPUs 0 .. ranks - 1 of this process (GpuEpMoEGroup); rank q takes
+// tokens [q * tokens, (q + 1) * tokens) of x. A call is timed on the host from the first rank's
+// launch to the end of the last rank's stream.
+Run run_cuda_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
+                std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace) {
+  loom::GpuOptions options;
+  options.trace_capacity =
+      trace
+          ? 4 * ep_dynamic_bound(make_ep_shape(c, EpPlacement{0, ranks}, choose_ep_gemms(c, ranks)))
+          : 0;
+  std::vector<int> devices(ranks);
+  for (std::uint32_t q = 0; q < ranks; ++q) devices[q] = static_cast<int>(q);
+  GpuEpMoEGroup group(c, w, devices, options);
+  cudaDeviceProp prop{};
+  LOOM_CUDA(cudaGetDeviceProperties(&prop, 0));
+  Run r;
+  r.device = std::to_string(ranks) + " x " + prop.name + " (" +
+             std::to_string(group.rank(0).executor().processors()) + " processors each)";
+  std::size_t const rank_elems = std::size_t{tokens} * c.hidden;
+  std::vector<loom::DeviceBuffer<bf16>> dx, dout;
+  std::vector<EpRankCall> calls(ranks);
+  for (std::uint32_t q = 0; q < ranks; ++q) {
+    loom::ScopedDevice on(devices[q]);
+    dx.emplace_back(
+        std::vector<bf16>(x.begin() + q * rank_elems, x.begin() + (q + 1) * rank_elems));
+    dout.emplace_back(rank_elems);
+    calls[q].x = dx[q].get();
+    calls[q].tokens = tokens;
+    calls[q].out = dout[q].get();
+  }
+  auto synchronize = [&] {
+    for (int d : devices) {
+      loom::ScopedDevice on(d);
+      LOOM_CUDA(cudaDeviceSynchronize());
+    }
+  };
+  group.forward(calls);  // warm-up
+  group.check();
+  for (unsigned i = 0; i < iters; ++i) {
+    for (std::uint32_t q = 0; q < ranks; ++q) {
+      loom::ScopedDevice on(devices[q]);
+      dout[q].fill_bytes(0xFF);
+      group.rank(q).executor().take_trace();
+    }
+    synchronize();
+    auto const t0 = std::chrono::steady_clock::now();
+    group.forward(calls);
+    group.check();
+    r.call_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    Progress(iters, r.call_ms[0]).step(i + 1);
+  }
+  r.out.resize(x.size());
+  for (std::uint32_t q = 0; q < ranks; ++q) {
+    loom::ScopedDevice on(devices[q]);
+    auto const o = dout[q].download();
+    std::copy(o.begin(), o.end(), r.out.begin() + q * rank_elems);
+    r.traces.push_back(group.rank(q).executor().take_trace());
+    r.add_rank(group.rank(q).topk_ids(), group.rank(q).topk_weights(),
+               group.rank(q).expert_tokens());
+  }
+  return r;
+}
+
+// "moe.json" -> "moe.r1.json": one trace file per rank.
+std::string rank_path(std::string const& path, std::uint32_t rank) {
+  std::string const suffix = ".r" + std::to_string(rank);
+  auto const dot = path.rfind('.');
+  return dot == std::string::npos || path.find('/', dot) != std::string::npos
+             ? path + suffix
+             : path.substr(0, dot) + suffix + path.substr(dot);
 }
 
 double median(std::vector<double> v) {
@@ -142,7 +261,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   MoEConfig c;
-  std::uint32_t tokens = 0;
+  std::uint32_t tokens = 0, ranks = 1;
   std::string act = "swiglu", router = "softmax", backend = "auto", trace_path, json_path;
   bool clean_l2 = false;
   std::uint64_t seed = 1;
@@ -154,12 +273,15 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  loom-moe --check                             defaults for the backend found\n"
       "  loom-moe --tokens 4096 --hidden 2048 --ffn 2048 --experts 64 --topk 2 --iters 20\n"
-      "  loom-moe --backend cpu --tokens 128 --check --trace moe.json   (open in Perfetto)\n\n"
+      "  loom-moe --backend cpu --tokens 128 --check --trace moe.json   (open in Perfetto)\n"
+      "  loom-moe --ranks 2 --tokens 8192 --experts 64 --check   experts over 2 GPUs (or 2\n"
+      "                                               virtual ranks of the CPU executor)\n\n"
       "Options");
   // clang-format off
   desc.add_options()
       ("help,h", "this message")
-      ("tokens", po::value(&tokens), "tokens per call (default: 4096 on a GPU, 256 on the CPU)")
+      ("tokens", po::value(&tokens),
+       "tokens per call and rank (default: 4096 on a GPU, 256 on the CPU)")
       ("hidden", po::value(&c.hidden), "token width H, a multiple of 64 (default 2048 GPU, 512 CPU)")
       ("ffn", po::value(&c.ffn), "expert width D, a multiple of 64 (default 2048 GPU, 512 CPU)")
       ("experts", po::value(&c.experts), "experts E (default 64 GPU, 16 CPU)")
@@ -170,6 +292,10 @@ int main(int argc, char** argv) {
       ("seed", po::value(&seed)->default_value(seed), "seed of the random weights and tokens")
       ("iters", po::value(&iters), "timed calls (default 20 GPU, 3 CPU)")
       ("backend", po::value(&backend)->default_value(backend), "cpu, cuda or auto")
+      ("ranks", po::value(&ranks)->default_value(ranks),
+       "expert parallelism: the experts spread over this many ranks (GPUs 0 .. ranks-1 of this "
+       "process, or virtual ranks of the CPU executor), each with --tokens tokens; E must divide "
+       "evenly")
       ("check", po::bool_switch(&check), "compare with the float64 reference")
       ("check-tokens", po::value(&check_tokens)->default_value(check_tokens),
        "tokens the reference recomputes (sampled evenly)")
@@ -195,6 +321,10 @@ int main(int argc, char** argv) {
       throw loom::Error("loom: --backend cuda, but no CUDA device is present");
     backend = gpu ? "cuda" : "cpu";
     if (clean_l2 && !gpu) throw loom::Error("loom: --clean-l2 needs the cuda backend");
+    if (clean_l2 && ranks > 1) throw loom::Error("loom: --clean-l2 runs with one rank");
+    if (gpu && ranks > static_cast<std::uint32_t>(loom::cuda_device_count()))
+      throw loom::Error("loom: --ranks " + std::to_string(ranks) + " needs as many GPUs, found " +
+                        std::to_string(loom::cuda_device_count()));
     if (!vm.count("tokens")) tokens = gpu ? 4096 : 256;
     if (!vm.count("hidden")) c.hidden = gpu ? 2048 : 512;
     if (!vm.count("ffn")) c.ffn = gpu ? 2048 : 512;
@@ -207,54 +337,76 @@ int main(int argc, char** argv) {
     c.renormalize = !no_renorm;
     c.max_tokens = tokens;
     validate(c);
+    if (ranks != 1) validate_placement(c, ranks);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "loom-moe: %s\n\nSee loom-moe --help.\n", e.what());
     return 2;
   }
 
   try {
-    std::printf("loom-moe: T=%u H=%u D=%u E=%u top-%u %s %s%s, backend %s\n", tokens, c.hidden,
-                c.ffn, c.experts, c.top_k, to_string(c.activation), to_string(c.router),
+    std::printf("loom-moe: T=%u H=%u D=%u E=%u top-%u %s %s%s, backend %s", tokens, c.hidden, c.ffn,
+                c.experts, c.top_k, to_string(c.activation), to_string(c.router),
                 c.renormalize ? " renormalised" : "", backend.c_str());
+    if (ranks > 1)
+      std::printf(", %u ranks of %u experts, each with its own %u tokens", ranks, c.experts / ranks,
+                  tokens);
+    std::printf("\n");
+    std::uint32_t const all_tokens = tokens * ranks;
     MoEWeights const w = random_weights(c, seed);
-    auto const x = random_tokens(c, tokens, seed);
+    auto const x = random_tokens(c, all_tokens, seed);
     bool const trace = !trace_path.empty();
     // The ceilings first, on a fresh device: measured after the layer's large buffers were freed,
     // the copy ran up to 11% slower, which flattered the floor ratio.
     Ceilings const ceil = backend == "cuda" ? measure_ceilings() : Ceilings{};
-    Run const r = backend == "cuda" ? run_cuda(c, w, x, tokens, iters, trace, clean_l2)
-                                    : run_cpu(c, w, x, tokens, iters, trace);
+    Run const r = ranks > 1 ? (backend == "cuda" ? run_cuda_ep(c, w, x, tokens, ranks, iters, trace)
+                                                 : run_cpu_ep(c, w, x, tokens, ranks, iters, trace))
+                            : (backend == "cuda" ? run_cuda(c, w, x, tokens, iters, trace, clean_l2)
+                                                 : run_cpu(c, w, x, tokens, iters, trace));
 
-    std::uint64_t routed = 0, experts_hit = 0;
-    for (auto n : r.expert_tokens) routed += n, experts_hit += n > 0;
+    // Work and weight bytes per rank (rank q holds experts [q * E / P, (q + 1) * E / P) and
+    // routes its own tokens); the floor is the busiest rank's.
+    std::uint32_t const local = c.experts / ranks;
+    double flops = 0, floor_flops = 0, floor_bytes = 0;
+    for (std::uint32_t q = 0; q < ranks; ++q) {
+      std::uint64_t routed = 0, experts_hit = 0;
+      for (std::uint32_t e = q * local; e < (q + 1) * local; ++e)
+        routed += r.expert_tokens[e], experts_hit += r.expert_tokens[e] > 0;
+      double const rank_flops =
+          c.expert_flops(routed) + 2.0 * tokens * double(c.hidden) * c.experts;  // + router
+      double const rank_bytes =
+          2.0 * experts_hit * (double(c.up_columns()) * c.hidden + double(c.hidden) * c.ffn) +
+          2.0 * c.experts * c.hidden;
+      flops += rank_flops;
+      if (backend == "cuda" &&
+          std::max(rank_flops / ceil.tensor_flops_per_s, rank_bytes / ceil.memory_bytes_per_s) >=
+              std::max(floor_flops / ceil.tensor_flops_per_s,
+                       floor_bytes / ceil.memory_bytes_per_s))
+        floor_flops = rank_flops, floor_bytes = rank_bytes;
+    }
     double const ms = median(r.call_ms);
-    double const flops =
-        c.expert_flops(routed) + 2.0 * tokens * double(c.hidden) * c.experts;  // + router
-    double const weight_bytes =
-        2.0 * experts_hit * (double(c.up_columns()) * c.hidden + double(c.hidden) * c.ffn) +
-        2.0 * c.experts * c.hidden;
     std::printf("device: %s\n", r.device.c_str());
     std::printf("latency: median %.3f ms over %u calls; %.1f tokens/s; %.2f TFLOP/s\n", ms, iters,
-                tokens / (ms * 1e-3), flops / (ms * 1e-3) / 1e12);
+                all_tokens / (ms * 1e-3), flops / (ms * 1e-3) / 1e12);
 
     double floor_ms = 0;
     if (backend == "cuda") {
-      floor_ms =
-          1e3 * std::max(flops / ceil.tensor_flops_per_s, weight_bytes / ceil.memory_bytes_per_s);
+      floor_ms = 1e3 * std::max(floor_flops / ceil.tensor_flops_per_s,
+                                floor_bytes / ceil.memory_bytes_per_s);
       std::printf(
-          "floor: %.3f ms = max(%.1f GFLOP / %.0f TFLOP/s cuBLAS bf16, %.1f MB expert weights "
+          "floor%s: %.3f ms = max(%.1f GFLOP / %.0f TFLOP/s cuBLAS bf16, %.1f MB expert weights "
           "hit / %.0f GB/s copy); latency / floor = %.2f\n",
-          floor_ms, flops / 1e9, ceil.tensor_flops_per_s / 1e12, weight_bytes / 1e6,
-          ceil.memory_bytes_per_s / 1e9, ms / floor_ms);
+          ranks > 1 ? " (the busiest rank, ceilings of GPU 0)" : "", floor_ms, floor_flops / 1e9,
+          ceil.tensor_flops_per_s / 1e12, floor_bytes / 1e6, ceil.memory_bytes_per_s / 1e9,
+          ms / floor_ms);
     }
 
     int status = 0;
     double error = -1;
     if (check) {
-      std::uint32_t const n = std::min(check_tokens, tokens);
+      std::uint32_t const n = std::min(check_tokens, all_tokens);
       std::vector<std::uint32_t> sample(n);
       for (std::uint32_t i = 0; i < n; ++i)
-        sample[i] = static_cast<std::uint32_t>(std::uint64_t{i} * tokens / n);
+        sample[i] = static_cast<std::uint32_t>(std::uint64_t{i} * all_tokens / n);
       std::vector<bf16> xs, outs;
       std::vector<std::int32_t> ids;
       std::vector<float> wts;
@@ -278,19 +430,24 @@ int main(int argc, char** argv) {
       status = ok ? 0 : 1;
     }
     if (trace) {
-      loom::write_chrome_trace(trace_path, r.trace, MoEPipeline::names, MoEPipeline::size);
-      std::printf("trace: %zu tasks written to %s\n%s", r.trace.size(), trace_path.c_str(),
-                  loom::format_trace_summary(loom::summarize_trace(r.trace), MoEPipeline::names,
-                                             MoEPipeline::size)
-                      .c_str());
+      for (std::uint32_t q = 0; q < ranks; ++q) {
+        std::string const path = ranks > 1 ? rank_path(trace_path, q) : trace_path;
+        char const* const* names = ranks > 1 ? EpPipeline::names : MoEPipeline::names;
+        std::size_t const types = ranks > 1 ? EpPipeline::size : MoEPipeline::size;
+        auto const& records = r.traces[q];
+        loom::write_chrome_trace(path, records, names, types);
+        std::printf(
+            "trace: %zu tasks written to %s\n%s", records.size(), path.c_str(),
+            loom::format_trace_summary(loom::summarize_trace(records), names, types).c_str());
+      }
     }
     if (!json_path.empty()) {
       std::ofstream j(json_path);
       j << "{\"backend\":\"" << backend << "\",\"device\":\"" << r.device
         << "\",\"tokens\":" << tokens << ",\"hidden\":" << c.hidden << ",\"ffn\":" << c.ffn
-        << ",\"experts\":" << c.experts << ",\"top_k\":" << c.top_k << ",\"activation\":\""
-        << to_string(c.activation) << "\",\"median_ms\":" << ms
-        << ",\"tokens_per_s\":" << tokens / (ms * 1e-3)
+        << ",\"ranks\":" << ranks << ",\"experts\":" << c.experts << ",\"top_k\":" << c.top_k
+        << ",\"activation\":\"" << to_string(c.activation) << "\",\"median_ms\":" << ms
+        << ",\"tokens_per_s\":" << all_tokens / (ms * 1e-3)
         << ",\"tflops\":" << flops / (ms * 1e-3) / 1e12 << ",\"floor_ms\":" << floor_ms
         << ",\"relative_error\":" << error << ",\"clean_l2\":" << (clean_l2 ? "true" : "false")
         << "}\n";
