@@ -64,11 +64,17 @@ class Progress {
   bool show_;
 };
 
+// Trace records a call can write on one rank: four per task of the bound on its tasks.
+std::size_t trace_records(MoEConfig const& c, std::uint32_t ranks) {
+  return 4 * (ranks == 1 ? dynamic_bound(make_view_shape(c, choose_expert_gemms(c)))
+                         : ep_dynamic_bound(
+                               make_ep_shape(c, EpPlacement{0, ranks}, choose_ep_gemms(c, ranks))));
+}
+
 Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
             std::uint32_t tokens, unsigned iters, bool trace) {
   loom::CpuOptions options;
-  options.trace_capacity =
-      trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
+  options.trace_capacity = trace ? trace_records(c, 1) : 0;
   CpuMoELayer layer(c, w, options);
   Run r;
   r.device = "CPU executor (" + std::to_string(options.processors) + " processor threads)";
@@ -91,10 +97,7 @@ Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
 Run run_cpu_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
                std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace) {
   loom::CpuOptions options;
-  options.trace_capacity =
-      trace
-          ? 4 * ep_dynamic_bound(make_ep_shape(c, EpPlacement{0, ranks}, choose_ep_gemms(c, ranks)))
-          : 0;
+  options.trace_capacity = trace ? trace_records(c, ranks) : 0;
   CpuEpMoELayer layer(c, w, ranks, options);
   Run r;
   r.device = "CPU executor, " + std::to_string(ranks) + " virtual ranks (" +
@@ -135,8 +138,7 @@ __global__ void read_through_l2(uint4 const* p, std::size_t n, unsigned* sink) {
 Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
              std::uint32_t tokens, unsigned iters, bool trace, bool clean_l2) {
   loom::GpuOptions options;
-  options.trace_capacity =
-      trace ? 4 * dynamic_bound(make_view_shape(c, choose_expert_gemms(c))) : 0;
+  options.trace_capacity = trace ? trace_records(c, 1) : 0;
   GpuMoELayer layer(c, w, options);
   cudaDeviceProp prop{};
   int dev = 0;
@@ -185,10 +187,7 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
 Run run_cuda_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
                 std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace) {
   loom::GpuOptions options;
-  options.trace_capacity =
-      trace
-          ? 4 * ep_dynamic_bound(make_ep_shape(c, EpPlacement{0, ranks}, choose_ep_gemms(c, ranks)))
-          : 0;
+  options.trace_capacity = trace ? trace_records(c, ranks) : 0;
   std::vector<int> devices(ranks);
   for (std::uint32_t q = 0; q < ranks; ++q) devices[q] = static_cast<int>(q);
   GpuEpMoEGroup group(c, w, devices, options);
