@@ -9,7 +9,8 @@ namespace loom::moe {
 struct CpuEpMoELayer::Rank {
   std::vector<bf16> router, w1, w2, pool, h;
   std::vector<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
-      row_source, rows_arrived, up_done, send_tokens, send_chunks, row_rank, local_tokens;
+      row_source, rows_arrived, up_done, send_tokens, send_chunks, row_rank, local_tokens,
+      combine_list;
   std::vector<std::uint64_t> last_sent;
   std::vector<std::int32_t> ids;
   std::vector<float> weights;
@@ -70,6 +71,7 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     m.send_chunks.assign(world, 0);
     m.last_sent.assign(world, 0);
     m.local_tokens.assign(el, 0);
+    m.combine_list.assign(v.max_blocks, 0);
     m.ids.assign(tokens * k, -1);
     m.weights.assign(tokens * k, 0.0f);
     v.call = m.call.data();
@@ -103,6 +105,7 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     ep.last_sent = m.last_sent.data();
     ep.row_rank = m.row_rank.data();
     ep.local_tokens = m.local_tokens.data();
+    ep.combine_list = m.combine_list.data();
     ExpertSide const side{el, ep.pool_rows};
     m.up_ops = std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
         up_gemm_desc(config, m.pool.data(), m.w1.data(), m.h.data(), side), gemms.up));

@@ -52,6 +52,15 @@ struct RouteDispatch {
     return RouteTokens::describe_failure(code, token, id);
   }
 
+  // Arms the block's result counter (kBlockComplete) once route has counted its pairs, before
+  // any of its rows leaves. A block without pairs stays unarmed: route emitted its combine.
+  LOOM_HD static void arm_block(EpView const& ep, std::uint32_t block) {
+    std::uint32_t const pairs = ep.local.block_pairs[block];
+    if (pairs != 0)
+      store_relaxed<std::uint32_t, cuda::thread_scope_system>(
+          ep.block_done[block], kBlockComplete - pairs * ep.local.down_tiles);
+  }
+
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -59,6 +68,7 @@ struct RouteDispatch {
     if (ctx.failed()) return;
     std::uint32_t const tokens = v.call[0];
     std::uint32_t const t0 = p.block * v.token_block;
+    if (t0 < tokens) arm_block(ep, p.block);
     std::uint32_t const t1 = t0 + v.token_block < tokens ? t0 + v.token_block : tokens;
     std::uint32_t mask[kMaxTokenBlock] = {};
     std::uint32_t count[kMaxRanks] = {}, first[kMaxRanks] = {}, chunk[kMaxRanks] = {};
@@ -93,11 +103,11 @@ struct RouteDispatch {
   }
 
 #if defined(__CUDACC__)
-  // Route as RouteTokens; then per destination one ticket pair (rows, chunk) claimed by one
-  // thread, which also numbers the block's rows for that destination. The block copies the rows
-  // into the peers' windows with 16-byte stores, many reads in flight per thread
-  // (fan_out_rows_to), then the metas; after a block barrier the chunk record is published with
-  // a system-scope release, which covers every thread's stores.
+  // Route as RouteTokens and arm the block's counter; then per destination one ticket pair
+  // (rows, chunk) claimed by one thread, which also numbers the block's rows for that
+  // destination. The block copies the rows into the peers' windows with 16-byte stores, many
+  // reads in flight per thread (fan_out_rows_to), then the metas; after a block barrier the
+  // chunk record is published with a system-scope release, which covers every thread's stores.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -130,6 +140,7 @@ struct RouteDispatch {
     if (threadIdx.x == 0) {
       stop = ctx.failed();
       if (!stop) {
+        if (n != 0) arm_block(ep, p.block);  // thread 0 wrote the block's pairs in route
         __threadfence();
         stop = !ctx.arrive(ep.routed_event) || ep.skip_sends;
       }

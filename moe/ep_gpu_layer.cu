@@ -65,6 +65,7 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   send_chunks_ = zeros<std::uint32_t>(world);
   last_sent_ = zeros<std::uint64_t>(world);
   local_tokens_ = zeros<std::uint32_t>(el);
+  combine_list_ = zeros<std::uint32_t>(shape_.local.max_blocks);
 
   auto* const base = static_cast<unsigned char*>(heap.bases[rank]);
   auto at = [base](Region r) { return base + r.offset; };
@@ -86,6 +87,7 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   ep.last_sent = last_sent_.get();
   ep.row_rank = row_rank_.get();
   ep.local_tokens = local_tokens_.get();
+  ep.combine_list = combine_list_.get();
   ExpertSide const side{el, shape_.pool_rows};
   up_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
       up_gemm_desc(config, buf_->pool.get(), buf_->w1.get(), buf_->h.get(), side), gemms.up);

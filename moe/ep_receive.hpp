@@ -4,8 +4,6 @@
 // moe/ep_view.hpp.
 #pragma once
 
-#include <cuda/std/bit>
-
 #include "moe/ep_dispatch.hpp"
 #include "moe/expert_tile.hpp"
 
@@ -103,22 +101,17 @@ struct GatherArrivals {
 #endif
 };
 
-// Bit n (from 0) among the set bits of `mask`, which has more than n.
-LOOM_HD inline std::uint32_t nth_set_bit(std::uint32_t mask, std::uint32_t n) {
-  for (; n != 0; --n) mask &= mask - 1;
-  return static_cast<std::uint32_t>(cuda::std::countr_zero(mask));
-}
-
-// Payload of a combine batch: token blocks first + i for each bit i of `blocks`, all complete.
+// Payload of a combine batch: the token blocks at combine_list[first, first + blocks), all
+// complete.
 struct CombineBatchPayload {
-  MoEView const* view;
+  EpView const* view;
   std::uint32_t first;
   std::uint32_t blocks;
 };
 
 // The combines of the complete token blocks the subscriber found together: the task emits one
-// combine (CombineTokens) for each block but the lowest, under one reservation, then combines
-// that one itself.
+// combine (CombineTokens) for each listed block but the first, under one reservation, then
+// combines that one itself.
 struct CombineArrived {
   static constexpr char const* name = "ep_combine";
   static constexpr unsigned threads = CombineTokens::threads;
@@ -127,23 +120,30 @@ struct CombineArrived {
   static constexpr bool call_body = true;
   using Payload = CombineBatchPayload;
 
+  // Listed block i of the batch. The subscriber wrote the list before it emitted the task (read
+  // through L2 on the device: an earlier batch may have brought the line into this SM's L1).
+  LOOM_HD static std::uint32_t listed(Payload const& p, std::uint32_t i) {
+    std::uint32_t const* const at = p.view->combine_list + p.first + i;
+#if LOOM_DEVICE_PASS
+    return __ldcg(at);
+#else
+    return *at;
+#endif
+  }
   LOOM_HD static Task rest(Payload const& p, std::uint32_t i) {
-    return encode_task(p.view->combine_type,
-                       BlockPayload{p.view, p.first + nth_set_bit(p.blocks, i + 1)});
+    return encode_task(p.view->local.combine_type, BlockPayload{&p.view->local, listed(p, i + 1)});
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
-    if (!ctx.emit_many(static_cast<std::uint32_t>(cuda::std::popcount(p.blocks)) - 1,
-                       [&](std::uint32_t i) { return rest(p, i); }))
-      return;
-    CombineTokens::host(BlockPayload{p.view, p.first + nth_set_bit(p.blocks, 0)}, ctx);
+    if (!ctx.emit_many(p.blocks - 1, [&](std::uint32_t i) { return rest(p, i); })) return;
+    CombineTokens::host(BlockPayload{&p.view->local, listed(p, 0)}, ctx);
   }
 #if defined(__CUDACC__)
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    std::uint32_t const more = static_cast<std::uint32_t>(cuda::std::popcount(p.blocks)) - 1;
-    if (more != 0 && !ctx.emit_many_by_block(more, [&](std::uint32_t i) { return rest(p, i); }))
+    if (p.blocks > 1 &&
+        !ctx.emit_many_by_block(p.blocks - 1, [&](std::uint32_t i) { return rest(p, i); }))
       return;
-    CombineTokens::device(BlockPayload{p.view, p.first + nth_set_bit(p.blocks, 0)}, ctx);
+    CombineTokens::device(BlockPayload{&p.view->local, listed(p, 0)}, ctx);
   }
 #endif
 };
@@ -152,9 +152,9 @@ struct CombineArrived {
 // message, lays out the expert pools (offsets, M-tiles), acknowledges the messages, gives back
 // the unused dynamic bound, and then, as chunk records land, emits one gather task per run of
 // landed records of a source. Role 1 (subscriber 1, or subscriber 0 too when it is alone) emits
-// the combines of the own token blocks whose (row, N-tile) arrivals are all in, one task per
-// batch. A wait on one peer that makes no progress for half the watchdog bound is reported
-// naming that peer.
+// the combines of the own token blocks whose (row, N-tile) arrivals are all in, one task for
+// all that one pass over the counters finds. A wait on one peer that makes no progress for half the
+// watchdog bound is reported naming that peer.
 //
 // One thread decodes, and each of its round trips to memory costs about a microsecond while the
 // GEMMs stream: it reads many words per round trip and publishes one descriptor per batch,
@@ -186,6 +186,11 @@ class EpDecoder {
     bool planned = false;
     std::uint32_t next_chunk[kMaxRanks] = {};
     std::uint32_t chunks[kMaxRanks] = {};
+  };
+
+  struct CombineState {
+    std::uint64_t epoch = 0;
+    std::uint32_t listed = 0;  // blocks in combine_list this call
   };
 
   LOOM_HD bool receive(TaskContext& ctx) {
@@ -312,46 +317,59 @@ class EpDecoder {
                (v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles));
   }
 
-  // Emits the combines of the own token blocks whose arrivals are complete, and lowers their
-  // counters. Counters are read kCombineBatch at a time (independent loads in flight together);
-  // one acquire fence covers a batch with any arrival, and its complete blocks go out as one
-  // CombineArrived task.
+  // Emits the combines of the own token blocks whose counters read kBlockComplete, all of one
+  // pass as one CombineArrived task, and lowers their counters. The counters are read
+  // kCombineBatch at a time, the next batch's loads issued before this batch is looked at, so a
+  // pass costs about one round trip to memory however many blocks there are; the complete blocks
+  // are appended to combine_list, and one acquire fence covers them all.
   LOOM_HD bool combine(TaskContext& ctx) {
     EpView const& ep = *view_;
     MoEView const& v = ep.local;
+    CombineState& st = combine_;
+    std::uint64_t const epoch = ctx.epoch();
+    if (st.epoch != epoch) {
+      st = CombineState{};
+      st.epoch = epoch;
+    }
     std::uint32_t* const done_words = ep.block_done;
-    std::uint32_t const* const block_pairs = v.block_pairs;
-    std::uint32_t const tiles = v.down_tiles, token_block = v.token_block;
-    std::uint16_t const type = ep.combine_batch_type;
-    std::uint32_t const blocks = (v.call[0] + token_block - 1) / token_block;
-    bool progress = false;
+    std::uint32_t* const list = ep.combine_list;
+    std::uint32_t const blocks = (v.call[0] + v.token_block - 1) / v.token_block;
+    std::uint32_t const first = st.listed;
+    std::uint32_t listed = first;
+    std::uint32_t next[kCombineBatch];
+    load_counters(done_words, 0, blocks, next);
     for (std::uint32_t b0 = 0; b0 < blocks; b0 += kCombineBatch) {
       std::uint32_t done[kCombineBatch];
-      bool any = false;
+      LOOM_UNROLL
+      for (std::uint32_t i = 0; i < kCombineBatch; ++i) done[i] = next[i];
+      load_counters(done_words, b0 + kCombineBatch, blocks, next);
       LOOM_UNROLL
       for (std::uint32_t i = 0; i < kCombineBatch; ++i) {
-        done[i] = b0 + i < blocks
-                      ? load_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i])
-                      : 0u;
-        any |= done[i] != 0;
+        if (done[i] != kBlockComplete) continue;
+        store_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i], 0u);
+        list[listed++] = b0 + i;
       }
-      if (!any) continue;
-      // A non-zero count means a result for this block came back, which happened after route
-      // wrote block_pairs: after the fence, the reads below see this call's values.
-      fence_acquire<cuda::thread_scope_system>();
-      std::uint32_t complete = 0;
-      LOOM_UNROLL
-      for (std::uint32_t i = 0; i < kCombineBatch; ++i)
-        if (done[i] != 0 && done[i] == block_pairs[b0 + i] * tiles) complete |= 1u << i;
-      if (complete == 0) continue;
-      LOOM_UNROLL
-      for (std::uint32_t i = 0; i < kCombineBatch; ++i)
-        if ((complete >> i) & 1u)
-          store_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i], 0u);
-      if (!ctx.emit(encode_task(type, CombineBatchPayload{&v, b0, complete}))) return false;
-      progress = true;
     }
-    return progress;
+    if (listed == first) return false;
+    // The results of the listed blocks came with the arrivals that completed them (release):
+    // acquired here, released to the combines by the queue.
+    fence_acquire<cuda::thread_scope_system>();
+    if (!ctx.emit(
+            encode_task(ep.combine_batch_type, CombineBatchPayload{view_, first, listed - first})))
+      return false;
+    st.listed = listed;
+    return true;
+  }
+
+  // Counters [b0, b0 + kCombineBatch) into `done` (0 past `blocks`), every load issued before
+  // any is used.
+  LOOM_HD static void load_counters(std::uint32_t* done_words, std::uint32_t b0,
+                                    std::uint32_t blocks, std::uint32_t (&done)[kCombineBatch]) {
+    LOOM_UNROLL
+    for (std::uint32_t i = 0; i < kCombineBatch; ++i)
+      done[i] = b0 + i < blocks
+                    ? load_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i])
+                    : 0u;
   }
 
   // A word a peer wrote before a release this thread has acquired (read from L2 on the device).
@@ -365,6 +383,7 @@ class EpDecoder {
 
   EpView const* view_ = nullptr;
   ReceiveState receive_;
+  CombineState combine_;
 };
 
 }  // namespace loom::moe

@@ -15,9 +15,10 @@
 //   gather  (per chunk): recv rows into the expert pools; the last row of an M-tile emits its
 //           up-projection row (as the single-GPU layer)
 //   up / down (GEMM tiles): down rows are put straight into the source rank's y[slot][token]
-//           (fp32), then one remote arrival per (row, N-tile) on the source's block counter
+//           (bf16), then one remote arrival per (row, N-tile) on the source's block counter,
+//           which the block's route armed at kBlockComplete minus the arrivals it expects
 //   combine (per token block, on the source rank, emitted by its subscriber when the block's
-//           counter is complete): out[t] = sum_j w[t,j] y[j][t] in top-k order
+//           counter reads kBlockComplete): out[t] = sum_j w[t,j] y[j][t] in top-k order
 //
 // Every remote byte has exactly one writer (docs/ep.md states the layout; a property test checks
 // it): recv areas, meta and chunk records are indexed by source rank, then by a slot that source
@@ -58,8 +59,15 @@ struct EpHeapRegions {
   Region recv_meta;   // [P][max_tokens] RowMeta, per source
   Region recv_rows;   // [P][max_tokens][H] bf16, per source
   Region y;           // [k][max_tokens][H] bf16: expert outputs for this rank's own tokens
-  Region block_done;  // [max_blocks] u32: (row, down N-tile) arrivals per own token block
+  Region block_done;  // [max_blocks] u32: per own token block, armed by its route (see below)
 };
+
+// A token block's counter (EpHeapRegions::block_done) reads this once every (row, down N-tile)
+// result of the block is back: its route arms it at kBlockComplete - pairs x N-tiles before any
+// row leaves, each arrival adds, and the subscriber lowers it to 0 when it emits the combine. A
+// block with no pairs is never armed (its route emits its combine). No armed count reaches the
+// value: pairs x N-tiles is far below 2^31.
+inline constexpr std::uint32_t kBlockComplete = 0x80000000u;
 
 struct EpView {
   // Must stay the first member: the expert-side task types (ExpertUp, CombineTokens) receive
@@ -91,6 +99,7 @@ struct EpView {
   std::uint64_t* last_sent;     // [P] epoch of the last counts message sent to each peer
   std::uint32_t* row_rank;      // [pool_rows] source rank of each pool row
   std::uint32_t* local_tokens;  // [E_local] pairs each local expert got this call (all sources)
+  std::uint32_t* combine_list;  // [max_blocks] own token blocks in the order their combines went
 
   LOOM_HD std::uint32_t rank_of(std::int32_t expert) const {
     return static_cast<std::uint32_t>(expert) / local_experts;
