@@ -1,9 +1,11 @@
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "bench/ep_baseline.cuh"
 #include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/event.hpp"
 #include "runtime/cuda/scoped_device.hpp"
 
 namespace loom::moe {
@@ -202,7 +204,7 @@ struct UnfusedEpMoE::Rank {
   int device = 0;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
-  cudaEvent_t counts_ready = nullptr;
+  std::unique_ptr<CudaEvent> counts_ready;  // made on `device`
   std::unique_ptr<UnfusedMoELayer> experts;
   DeviceBuffer<std::int32_t> row_of;  // [T][P] send row of each (token, destination), -1: none
   DeviceBuffer<int> counts;           // [2P]: rows sent to each rank, then received from each
@@ -221,7 +223,6 @@ struct UnfusedEpMoE::Rank {
         std::fprintf(stderr, "loom: cudaStreamSynchronize failed: %s\n", cudaGetErrorString(e));
       cudaStreamDestroy(stream);
     }
-    if (counts_ready) cudaEventDestroy(counts_ready);
     if (host_counts) cudaFreeHost(host_counts);
   }
   std::uint32_t rows_to(std::uint32_t peer) const { return host_counts[peer]; }
@@ -262,7 +263,7 @@ UnfusedEpMoE::UnfusedEpMoE(MoEConfig const& config, MoEWeights const& weights,
       rank.comm = comms[r].get();
       ScopedDevice const on(rank.device);
       LOOM_CUDA(cudaStreamCreate(&rank.stream));
-      LOOM_CUDA(cudaEventCreateWithFlags(&rank.counts_ready, cudaEventDisableTiming));
+      rank.counts_ready = std::make_unique<CudaEvent>(cudaEventDisableTiming);
       LOOM_CUDA(cudaMallocHost(&rank.host_counts, 2 * world * sizeof(int)));
       std::fill(rank.host_counts, rank.host_counts + 2 * world, 0);
       rank.experts = std::make_unique<UnfusedMoELayer>(
@@ -342,7 +343,7 @@ void UnfusedEpMoE::forward(std::vector<UnfusedEpCall> const& calls) {
     ScopedDevice const on(rank.device);
     LOOM_CUDA(cudaMemcpyAsync(rank.host_counts, rank.counts.get(), 2 * world * sizeof(int),
                               cudaMemcpyDeviceToHost, rank.stream));
-    LOOM_CUDA(cudaEventRecord(rank.counts_ready, rank.stream));
+    rank.counts_ready->record(rank.stream);
     if (rank.tokens == 0) continue;
     // Packing runs on while the host waits for the counts.
     pack_rows<<<rank.tokens, 128, 0, rank.stream>>>(
@@ -351,7 +352,7 @@ void UnfusedEpMoE::forward(std::vector<UnfusedEpCall> const& calls) {
     check_launch();
   }
   for (auto& rank : ranks_) {
-    LOOM_CUDA(cudaEventSynchronize(rank->counts_ready));
+    rank->counts_ready->synchronize();
     for (std::uint32_t peer = 0; peer < world; ++peer) {
       rank->send_first[peer + 1] = rank->send_first[peer] + rank->rows_to(peer);
       rank->recv_first[peer + 1] = rank->recv_first[peer] + rank->rows_from(peer, world);

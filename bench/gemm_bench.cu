@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/event_timer.cuh"
 #include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/event.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "tasks/gemm/device_gemm.hpp"
 #include "tasks/gemm/heuristic.hpp"
@@ -47,7 +47,7 @@ void fill(loom::DeviceBuffer<g::Bf16>& buf, std::uint64_t seed, float scale) {
   LOOM_CUDA(cudaGetLastError());
 }
 
-using loom::bench::EventTimer;
+using loom::EventTimer;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

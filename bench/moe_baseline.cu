@@ -171,7 +171,6 @@ UnfusedMoELayer::UnfusedMoELayer(MoEConfig const& config, MoEWeights const& weig
 
   LOOM_CUDA(cudaMallocHost(&host_counts_, (e + 1) * sizeof(int)));
   LOOM_CUDA(cudaMallocHost(&host_group_ptrs_, 6 * e * sizeof(void*)));
-  LOOM_CUDA(cudaEventCreateWithFlags(&counts_ready_, cudaEventDisableTiming));
   std::fill(host_counts_, host_counts_ + e + 1, 0);
   group_ptrs_ = DeviceBuffer<void*>(6 * e);
   op_t_.assign(e, CUBLAS_OP_T);
@@ -188,7 +187,6 @@ UnfusedMoELayer::UnfusedMoELayer(MoEConfig const& config, MoEWeights const& weig
 UnfusedMoELayer::~UnfusedMoELayer() {
   if (host_counts_) cudaFreeHost(host_counts_);
   if (host_group_ptrs_) cudaFreeHost(host_group_ptrs_);
-  if (counts_ready_) cudaEventDestroy(counts_ready_);
 }
 
 void UnfusedMoELayer::forward(bf16 const* x, std::uint32_t tokens, bf16* out, cudaStream_t stream) {
@@ -245,7 +243,7 @@ void UnfusedMoELayer::run_experts(bf16 const* x, std::uint32_t tokens, std::int3
       std::uint32_t{0}, experts + 1, static_cast<int>(pairs), stream));
   LOOM_CUDA(cudaMemcpyAsync(host_counts_, counts_.get(), (experts + 1) * sizeof(int),
                             cudaMemcpyDeviceToHost, stream));
-  LOOM_CUDA(cudaEventRecord(counts_ready_, stream));
+  counts_ready_.record(stream);
   temp_bytes = cub_temp_bytes_;
   LOOM_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp_.get(), temp_bytes, keys_.get(),
                                             sorted_keys_.get(), pairs_.get(), sorted_pairs_.get(),
@@ -255,7 +253,7 @@ void UnfusedMoELayer::run_experts(bf16 const* x, std::uint32_t tokens, std::int3
   check_launch();
 
   // The host needs each expert's row count for cuBLAS: wait for them (sort and gather run on).
-  LOOM_CUDA(cudaEventSynchronize(counts_ready_));
+  counts_ready_.synchronize();
   busy_.clear();
   for (std::uint32_t e = 0; e < experts; ++e) {
     offsets_[e + 1] = offsets_[e] + static_cast<std::uint32_t>(host_counts_[e]);

@@ -27,6 +27,7 @@
 #include "moe/weights.hpp"
 #include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/event.hpp"
 
 namespace loom::moe {
 
@@ -84,7 +85,7 @@ class UnfusedMoELayer {
   std::size_t cub_temp_bytes_ = 0;
   DeviceBuffer<bf16> permuted_, up_out_, h_, y_;  // [T*k][H], [T*k][up_cols], [T*k][D], [T*k][H]
   int* host_counts_ = nullptr;                    // pinned, [E + 1]
-  cudaEvent_t counts_ready_ = nullptr;
+  CudaEvent counts_ready_{cudaEventDisableTiming};
   std::vector<std::uint32_t> offsets_;  // [E + 1] first permuted row of each expert
   std::uint32_t routed_tokens_ = 0;     // tokens of the last call with the baseline's router
   std::vector<std::uint32_t> busy_;     // non-empty experts of the call, in order

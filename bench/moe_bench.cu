@@ -13,8 +13,6 @@
 // runs), and each time over the floor = max(FLOPs / cuBLAS bf16 peak, bytes of expert weights
 // hit / copy bandwidth), both ceilings measured once at start-up (moe/cli/floor.cu).
 #include <benchmark/benchmark.h>
-
-#include "bench/event_timer.cuh"
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
@@ -29,6 +27,7 @@
 #include "bench/moe_baseline.cuh"
 #include "moe/cli/floor.hpp"
 #include "moe/gpu_layer.cuh"
+#include "runtime/cuda/event.hpp"
 
 namespace {
 
@@ -229,7 +228,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-using loom::bench::EventTimer;
+using loom::EventTimer;
 
 void BM_MoE(benchmark::State& state, std::size_t case_index, Mode mode, Impl impl) {
   if (loom::cuda_device_count() == 0) {

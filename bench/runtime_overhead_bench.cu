@@ -6,11 +6,10 @@
 // Timed with CUDA events; Google Benchmark reports the median over repetitions.
 #include <benchmark/benchmark.h>
 
-#include "bench/event_timer.cuh"
-
 #include <algorithm>
 #include <vector>
 
+#include "runtime/cuda/event.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "runtime/runtime.hpp"
 #include "tasks/empty.hpp"
@@ -40,7 +39,7 @@ loom::Graph chain_graph(std::uint32_t n) {
   return b.build();
 }
 
-using loom::bench::EventTimer;
+using loom::EventTimer;
 
 void set_device_label(benchmark::State& state) {
   cudaDeviceProp prop{};

@@ -25,6 +25,7 @@
 #if __has_include("runtime/cuda/gpu_executor.cuh")
 #include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/event.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "tasks/gemm/device_gemm.hpp"
 #include "tasks/gemm/epilogue_math.hpp"
@@ -113,19 +114,6 @@ Outcome run_on_cpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters,
 }
 
 #if __has_include("runtime/cuda/gpu_executor.cuh")
-// One CUDA event, destroyed with its owner.
-class CudaEvent {
- public:
-  CudaEvent() { LOOM_CUDA(cudaEventCreate(&event_)); }
-  CudaEvent(CudaEvent const&) = delete;
-  CudaEvent& operator=(CudaEvent const&) = delete;
-  ~CudaEvent() { cudaEventDestroy(event_); }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
 bool gpu_available() {
   return loom::cuda_device_count() > 0;
 }
@@ -189,15 +177,11 @@ void run_baseline(FusedMlpProblem const& p, loom::DeviceBuffer<g::Bf16> const& x
         "cublasGemmEx (second layer)");
   };
   run();
-  CudaEvent start, stop;
+  loom::EventTimer timer;
   for (unsigned i = 0; i < iters; ++i) {
-    LOOM_CUDA(cudaEventRecord(start.get()));
+    timer.start();
     run();
-    LOOM_CUDA(cudaEventRecord(stop.get()));
-    LOOM_CUDA(cudaEventSynchronize(stop.get()));
-    float ms = 0.0f;
-    LOOM_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    out.baseline_ms.push_back(ms);
+    out.baseline_ms.push_back(timer.stop_seconds() * 1e3);
   }
   out.baseline_y = y.download();
 }
@@ -227,16 +211,14 @@ Outcome run_on_gpu(FusedMlpProblem const& p, Inputs const& in, unsigned iters, g
   out.tasks = graph.tasks.size();
   options.trace_capacity = trace ? static_cast<std::uint32_t>(out.tasks) : 0;
   loom::GpuExecutor<MlpPipeline> executor(std::move(graph), options);
-  CudaEvent start, stop;
+  loom::EventTimer timer;
   for (unsigned i = 0; i < iters; ++i) {
     executor.take_trace();  // keep only the last launch's records
-    LOOM_CUDA(cudaEventRecord(start.get()));
+    timer.start();
     executor.launch();
-    LOOM_CUDA(cudaEventRecord(stop.get()));
+    timer.stop();
     executor.check();
-    float ms = 0.0f;
-    LOOM_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    out.launch_ms.push_back(ms);
+    out.launch_ms.push_back(timer.seconds() * 1e3);
   }
   out.y = y.download();
   out.trace = executor.take_trace();

@@ -6,6 +6,7 @@
 #include "moe/cli/floor.hpp"
 #include "runtime/cuda/cublas.hpp"
 #include "runtime/cuda/device_buffer.hpp"
+#include "runtime/cuda/event.hpp"
 
 namespace loom::moe {
 
@@ -13,22 +14,14 @@ namespace {
 
 template <class Fn>
 double median_seconds(int reps, Fn&& fn) {
-  cudaEvent_t a, b;
-  LOOM_CUDA(cudaEventCreate(&a));
-  LOOM_CUDA(cudaEventCreate(&b));
+  EventTimer timer;
   fn();  // warm-up
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    LOOM_CUDA(cudaEventRecord(a));
+    timer.start();
     fn();
-    LOOM_CUDA(cudaEventRecord(b));
-    LOOM_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    LOOM_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3);
+    t.push_back(timer.stop_seconds());
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }

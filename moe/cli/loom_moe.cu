@@ -17,6 +17,7 @@
 #include "moe/ep_gpu_layer.cuh"
 #include "moe/gpu_layer.cuh"
 #include "moe/reference.hpp"
+#include "runtime/cuda/event.hpp"
 #include "runtime/cuda/scoped_device.hpp"
 #include "runtime/trace.hpp"
 
@@ -148,9 +149,7 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
   r.device = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) + " SMs, " +
              std::to_string(layer.executor().processors()) + " processors)";
   loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
-  cudaEvent_t a, b;
-  LOOM_CUDA(cudaEventCreate(&a));
-  LOOM_CUDA(cudaEventCreate(&b));
+  loom::EventTimer timer;
   layer.forward(dx.get(), tokens, dout.get());  // warm-up
   layer.check();
   std::size_t const clean_words = std::size_t{5} * prop.l2CacheSize / sizeof(uint4);
@@ -164,17 +163,13 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
       LOOM_CUDA(cudaGetLastError());
     }
     layer.executor().take_trace();
-    LOOM_CUDA(cudaEventRecord(a));
+    timer.start();
     layer.forward(dx.get(), tokens, dout.get());
-    LOOM_CUDA(cudaEventRecord(b));
+    timer.stop();
     layer.check();
-    float ms = 0;
-    LOOM_CUDA(cudaEventElapsedTime(&ms, a, b));
-    r.call_ms.push_back(ms);
+    r.call_ms.push_back(timer.seconds() * 1e3);
     Progress(iters, r.call_ms[0]).step(i + 1);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   r.traces = {layer.executor().take_trace()};
   r.out = dout.download();
   r.add_rank(layer.topk_ids(), layer.topk_weights(), layer.expert_tokens());
