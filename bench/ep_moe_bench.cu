@@ -293,7 +293,10 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(
           stderr,
-          "usage: %s [--iters N] [--max-world P] [--only SCENARIO] [--json FILE]\n"
+          "usage: %s [--iters N] [--max-world P] [--json FILE]\n"
+          "          [--only NAME]     the scenarios whose name starts with NAME (weak,\n"
+          "                             decode; in the sweep e.g. E64.T4096, or E64. for all\n"
+          "                             of E = 64)\n"
           "          [--trace PREFIX]  (one more given-routing call per run, traced:\n"
           "                             PREFIX.<scenario>.P<world>.r<rank>.json)\n"
           "          [--sweep]         FlashDMoE's grid instead of weak and decode:\n"
@@ -328,7 +331,7 @@ int main(int argc, char** argv) {
   bool first = true;
   try {
     for (auto const& s : scenarios) {
-      if (!only.empty() && only != s.name) continue;
+      if (s.name.rfind(only, 0) != 0) continue;  // a prefix ("" takes every scenario)
       for (std::uint32_t world = 1; world <= std::min<std::uint32_t>(max_world, devices);
            world *= 2)
         if (s.experts_for(world) % world == 0) run(s, world, iters, json, first, trace_prefix);
