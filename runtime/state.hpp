@@ -72,12 +72,15 @@ struct RuntimeState {
   std::uint64_t* gate_arrivals;   // [task_count] monotonic, for tasks with gate_count > 1
   Task* dynamic_tasks;            // [dynamic_bound]
   Counters* counters;
-  QueueView ready;              // entries: level << 30 | ref
-  std::uint64_t* reports;       // [processors] report words (report_word), one writer each
-  Doorbell* doorbells;          // [processors]
-  std::uint32_t* ready_list;    // scheduler-private: [kReadyRings][task capacity], roots first
-  std::uint64_t* idle_list;     // scheduler-private: [processors] credits held (idle_entry), a ring
-  std::uint64_t* reports_seen;  // scheduler-private: [processors] the report word last taken in
+  QueueView ready;            // entries: level << 30 | ref
+  std::uint64_t* reports;     // [processors] report words (report_word), one writer each
+  Doorbell* doorbells;        // [processors]
+  std::uint32_t* ready_list;  // scheduler-private: [kReadyRings][task capacity], roots first
+  // Scheduler-private, [processors] each (the GPU scheduler keeps them in the OS block's shared
+  // memory when it holds them: SchedulerPrivate): the credits held (idle_entry), a ring, and
+  // the report word last taken in from each processor.
+  std::uint64_t* idle_list;
+  std::uint64_t* reports_seen;
   ErrorRecord* error;
   TraceRecord* trace;  // null when tracing is off
   std::uint64_t* trace_count;

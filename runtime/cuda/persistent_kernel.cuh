@@ -106,13 +106,23 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
   }
 }
 
-// OS block: warp 0 schedules, lane 0 of each of the next `subscribers` warps subscribes; the rest
-// of the block leaves at once.
+// The block's dynamic shared memory, in bytes.
+__device__ __forceinline__ std::uint32_t dynamic_shared_bytes() {
+  std::uint32_t bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes;
+}
+
+// OS block: warp 0 schedules, keeping its private words in the block's dynamic shared memory
+// when they fit (SchedulerPrivate); lane 0 of each of the next `subscribers` warps subscribes;
+// the rest of the block leaves at once.
 template <class Policy, class Decoder>
-__device__ void run_os_block(RuntimeState const& s, SymmetricView const& heap, Decoder decoder) {
+__device__ void run_os_block(RuntimeState const& s, SymmetricView const& heap, Decoder decoder,
+                             void* shared) {
   std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 0) {
-    run_scheduler_warp<Policy>(s, WaiterId{Actor::scheduler, blockIdx.x, s.rank});
+    run_scheduler_warp<Policy>(s, WaiterId{Actor::scheduler, blockIdx.x, s.rank},
+                               SchedulerPrivate::in(s, shared, dynamic_shared_bytes()));
   } else if (lane == 0 && warp - 1 < s.subscribers) {
     run_subscriber(s, warp - 1, decoder, heap);
   }
@@ -134,7 +144,7 @@ static __global__ void __launch_bounds__(Pipeline::threads, 1)
                       __grid_constant__ Decoder const decoder) {
   extern __shared__ uint4 task_shared[];
   if (blockIdx.x == gridDim.x - 1) {
-    run_os_block<Policy>(s, heap, decoder);
+    run_os_block<Policy>(s, heap, decoder, task_shared);
   } else {
     run_processor_block<Pipeline, Policy>(s, heap, reinterpret_cast<unsigned char*>(task_shared));
   }

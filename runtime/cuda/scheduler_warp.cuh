@@ -2,8 +2,10 @@
 // runtime/scheduler_loop.hpp over the same state, many words per round trip to memory: the
 // processors' report words 256 at a time, the ready queue 128 slots at a time (each lane peeks
 // four slots, ballots find the filled prefix, one fence covers the batch); every doorbell of a
-// pass is rung behind a single release fence; the successors of a fan-out entry are loaded 128
-// at a time. Loop state (queue head, ready-list ends, counts) is kept identical in every lane, so
+// pass is rung behind a single release fence, the credits and refs of 128 doorbells loaded
+// together; the successors of a fan-out entry are loaded 128 at a time. The reports seen and the
+// credits held live in the OS block's shared memory when it holds them (SchedulerPrivate).
+// Loop state (queue head, ready-list ends, counts) is kept identical in every lane, so
 // every branch is warp-uniform; beside each 64-bit position it keeps the slot (ring_slot,
 // runtime/queue.hpp), so no pass computes a remainder.
 #pragma once
@@ -11,6 +13,24 @@
 #include "runtime/scheduler_loop.hpp"
 
 namespace loom {
+
+// The scheduler's private words (RuntimeState::reports_seen and idle_list), in the OS block's
+// shared memory when its dynamic shared memory holds them (no task runs there; a pipeline with
+// a GEMM gives it 200 KB), else in global memory. In shared memory, their loads do not leave the
+// SM, and the pass's fences do not wait for their stores.
+struct SchedulerPrivate {
+  std::uint64_t* reports_seen;  // [processors]
+  std::uint64_t* idle_list;     // [processors], a ring
+
+  __device__ static SchedulerPrivate in(RuntimeState const& s, void* shared,
+                                        std::uint32_t shared_bytes) {
+    if (shared != nullptr && shared_bytes >= 2 * s.processors * sizeof(std::uint64_t)) {
+      auto* const words = static_cast<std::uint64_t*>(shared);
+      return {words, words + s.processors};
+    }
+    return {s.reports_seen, s.idle_list};
+  }
+};
 
 namespace warp {
 
@@ -83,8 +103,8 @@ __device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& h
 // moved. Whole warp; processor p is always lane p % 32's, so each lane reads back only its own
 // reports_seen.
 inline constexpr std::uint32_t kScanLoads = 8;
-__device__ __forceinline__ bool scan_reports(RuntimeState const& s, std::uint64_t& completed,
-                                             std::uint64_t& idle_tail,
+__device__ __forceinline__ bool scan_reports(RuntimeState const& s, SchedulerPrivate const& own,
+                                             std::uint64_t& completed, std::uint64_t& idle_tail,
                                              std::uint32_t& idle_tail_slot) {
   unsigned const lane = lane_id();
   bool moved = false;
@@ -94,7 +114,7 @@ __device__ __forceinline__ bool scan_reports(RuntimeState const& s, std::uint64_
     for (std::uint32_t k = 0; k < kScanLoads; ++k) {
       std::uint32_t const p = base + 32 * k + lane;
       word[k] = p < s.processors ? load_relaxed(s.reports[p]) : 0;
-      seen[k] = p < s.processors ? s.reports_seen[p] : 0;
+      seen[k] = p < s.processors ? own.reports_seen[p] : 0;
     }
     std::uint32_t done = 0;
     bool changed = false;
@@ -105,12 +125,12 @@ __device__ __forceinline__ bool scan_reports(RuntimeState const& s, std::uint64_
       bool const credit = report_credits(word[k]) != report_credits(seen[k]);
       unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
       if (credit)
-        s.idle_list[ring_slot(idle_tail_slot, __popc(credits & lanes_below()), s.processors)] =
+        own.idle_list[ring_slot(idle_tail_slot, __popc(credits & lanes_below()), s.processors)] =
             idle_entry(p, report_credits(word[k]));
       idle_tail += __popc(credits);
       idle_tail_slot = ring_slot(idle_tail_slot, __popc(credits), s.processors);
       if (word[k] != seen[k]) {
-        s.reports_seen[p] = word[k];
+        own.reports_seen[p] = word[k];
         changed = true;
       }
     }
@@ -165,22 +185,28 @@ class WarpReadyList {
     return n;
   }
 
-  // Takes `n` <= 32 refs, highest level first; lane i < n receives ref i. Whole warp.
-  __device__ __forceinline__ TaskRef take(std::uint32_t n) {
+  // Takes `n` <= 32 x K refs, highest level first; ref i goes to lane i % 32 in refs[i / 32],
+  // every load issued before any is used. Whole warp.
+  template <std::uint32_t K>
+  __device__ __forceinline__ void take(std::uint32_t n, TaskRef (&refs)[K]) {
     unsigned const lane = warp::lane_id();
-    TaskRef ref = kStopRef;
+#pragma unroll
+    for (std::uint32_t c = 0; c < K; ++c) refs[c] = kStopRef;
     std::uint32_t taken = 0;
 #pragma unroll
     for (std::uint32_t k = Policy::levels; k-- > 0;) {
       std::uint64_t const have = tail_[k] - head_[k];
       std::uint32_t const m = static_cast<std::uint32_t>(have < n - taken ? have : n - taken);
-      if (lane >= taken && lane < taken + m)
-        ref = storage_[k * capacity_ + ring_slot(head_slot_[k], lane - taken, capacity_)];
+#pragma unroll
+      for (std::uint32_t c = 0; c < K; ++c) {
+        std::uint32_t const i = 32 * c + lane;
+        if (i >= taken && i < taken + m)
+          refs[c] = storage_[k * capacity_ + ring_slot(head_slot_[k], i - taken, capacity_)];
+      }
       head_[k] += m;
       head_slot_[k] = ring_slot(head_slot_[k], m, capacity_);
       taken += m;
     }
-    return ref;
   }
 
  private:
@@ -219,8 +245,12 @@ __device__ __forceinline__ void release_fanout_warp(RuntimeState const& s,
   }
 }
 
+// Doorbells rung per round trip to memory: ring_idle loads the credits and refs of up to
+// 32 x kRingLoads of them before it stores the first.
+inline constexpr std::uint32_t kRingLoads = 4;
+
 template <class Policy>
-__device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
+__device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, SchedulerPrivate own) {
   unsigned const lane = warp::lane_id();
   Counters& c = *s.counters;
   std::uint64_t const epoch = load_acquire(c.epoch.value);
@@ -230,11 +260,11 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
   std::uint32_t ready_head_slot = static_cast<std::uint32_t>(ready_head % s.ready.capacity);
-  // Credits held, oldest first: a ring in s.idle_list (see scheduler_loop.hpp), starting with
+  // Credits held, oldest first: a ring in own.idle_list (see scheduler_loop.hpp), starting with
   // every processor's first credit (kStartReport).
   for (std::uint32_t p = lane; p < s.processors; p += 32) {
-    s.reports_seen[p] = kStartReport;
-    s.idle_list[p] = idle_entry(p, report_credits(kStartReport));
+    own.reports_seen[p] = kStartReport;
+    own.idle_list[p] = idle_entry(p, report_credits(kStartReport));
   }
   __syncwarp();
   std::uint64_t idle_head_pos = 0, idle_tail_pos = s.processors;
@@ -245,20 +275,28 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
   Heartbeat beat(&c.beat.value);
   // Rings the doorbells of the credits held, oldest first, with the ready tasks, one release fence
-  // for all of them. True when it rang any.
+  // for all of them; the credits and refs of 32 x kRingLoads doorbells per round trip. True when
+  // it rang any.
   auto ring_idle = [&] {
     if (idle_tail_pos == idle_head_pos || ready.size() == 0) return false;
     warp::fence_release();
     while (idle_tail_pos != idle_head_pos && ready.size() > 0) {
       std::uint64_t const idle = idle_tail_pos - idle_head_pos, r = ready.size();
       std::uint64_t const m = idle < r ? idle : r;
-      std::uint32_t const n = static_cast<std::uint32_t>(m < 32 ? m : 32);
-      TaskRef const ref = ready.take(n);
-      std::uint64_t const credit =
-          lane < n ? s.idle_list[ring_slot(idle_head_slot, lane, s.processors)] : 0;
-      if (lane < n)
-        store_relaxed(s.doorbells[idle_processor(credit)].word,
-                      doorbell_word(idle_ring(credit), ref));
+      std::uint32_t const n = static_cast<std::uint32_t>(m < 32 * kRingLoads ? m : 32 * kRingLoads);
+      TaskRef refs[kRingLoads];
+      ready.take(n, refs);
+      std::uint64_t credits[kRingLoads];
+#pragma unroll
+      for (std::uint32_t c = 0; c < kRingLoads; ++c) {
+        std::uint32_t const i = 32 * c + lane;
+        credits[c] = i < n ? own.idle_list[ring_slot(idle_head_slot, i, s.processors)] : 0;
+      }
+#pragma unroll
+      for (std::uint32_t c = 0; c < kRingLoads; ++c)
+        if (32 * c + lane < n)
+          store_relaxed(s.doorbells[idle_processor(credits[c])].word,
+                        doorbell_word(idle_ring(credits[c]), refs[c]));
       idle_head_pos += n;
       idle_head_slot = ring_slot(idle_head_slot, n, s.processors);
     }
@@ -279,7 +317,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who) {
     if (lane == 1) word = load_relaxed(c.retired.value);
     if (lane == 2) word = load_relaxed(c.dynamic_emitted.value);
     if (lane == 3) word = load_relaxed(c.subscribers_in.value);
-    if (warp::scan_reports(s, completed, idle_tail_pos, idle_tail_slot)) progress = true;
+    if (warp::scan_reports(s, own, completed, idle_tail_pos, idle_tail_slot)) progress = true;
     // FIFO takes ready entries only until the list covers the credits held and a batch more: a
     // backlog of a thousand emitted tiles is moved over while the processors already run the
     // first ones, not before (draining it first left every processor idle for ~40 µs). A policy
