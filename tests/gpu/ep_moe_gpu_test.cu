@@ -1,7 +1,8 @@
 // The expert-parallel MoE layer over 2 and 4 GPUs of one process (NCCL symmetric windows, LSA
 // stores over NVLink), against the float64 reference: fused router, skewed caller routings,
 // a rank with no tokens, -1 entries; bitwise equality for P = 1, 2, 4 on one global problem; a
-// rank that never arrives. Skips where fewer than two GPUs are present.
+// rank that never arrives; the call after a failed one. Skips where fewer than two GPUs are
+// present.
 #include <cstring>
 #include <random>
 
@@ -228,6 +229,50 @@ TEST(EpGpu, ABadCallOnOneRankLaunchesNoRank) {
     auto const ids = group.rank(r).topk_ids();
     auto const wts = group.rank(r).topk_weights();
     auto const ref = reference_moe(c, w, ranks[r].x.data(), 64, ids.data(), wts.data());
+    EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "rank " << r;
+  }
+}
+
+// A call whose routing one rank's kernel rejects (a token naming one expert twice) fails on every
+// rank; the group restarts from zeroed windows, and the next call matches the reference: nothing
+// of the failed call (send tickets, armed block counters, the combine list) leaks into it.
+TEST(EpGpu, AFailedCallLeavesTheNextOneCorrect) {
+  LOOM_REQUIRE_GPUS(2);
+  MoEConfig const c = moe_test::config(Activation::relu, RouterScore::softmax, 256, 256, 8, 2, 64);
+  MoEWeights const w = random_weights(c, 5);
+  loom::GpuOptions o;
+  o.watchdog = std::chrono::milliseconds(500);
+  GpuEpMoEGroup group(c, w, first_devices(2), o);
+  std::vector<RankData> ranks(2);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    RankData& d = ranks[r];
+    d.device = static_cast<int>(r);
+    d.tokens = 64;
+    d.x = random_tokens(c, 64, 50 + r);
+    for (std::uint32_t t = 0; t < d.tokens; ++t) {
+      d.ids.push_back(static_cast<std::int32_t>(t % c.experts));
+      d.ids.push_back(static_cast<std::int32_t>((t + 1 + 2 * r) % c.experts));
+      d.weights.push_back(0.75f);
+      d.weights.push_back(0.25f);
+    }
+  }
+  ranks[1].ids[2 * 5 + 1] = ranks[1].ids[2 * 5];  // token 5 of rank 1 names one expert twice
+  for (auto& d : ranks) d.upload(c.hidden);
+  group.forward(calls(ranks, true));
+  try {
+    group.check();
+    FAIL() << "the call did not fail";
+  } catch (loom::Error const& e) {
+    EXPECT_NE(std::string(e.what()).find("token 5 names expert 5 twice"), std::string::npos)
+        << e.what();
+  }
+  ranks[1].ids[2 * 5 + 1] = 0;
+  for (auto& d : ranks) d.upload(c.hidden);  // and the outputs poisoned again
+  group.forward(calls(ranks, true));
+  group.check();
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto const ref = reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens, ranks[r].ids.data(),
+                                   ranks[r].weights.data());
     EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "rank " << r;
   }
 }
