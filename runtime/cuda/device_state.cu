@@ -37,6 +37,9 @@ DeviceState::DeviceState(Graph graph, StateOptions const& options)
   layout_.initialize(image_.data());
   state_ = layout_.bind(arena_.get());
   LOOM_CUDA(cudaMemcpy(arena_.get(), image_.data(), image_.size(), cudaMemcpyHostToDevice));
+  ErrorRecord* host = nullptr;
+  LOOM_CUDA(cudaMallocHost(&host, sizeof(ErrorRecord)));
+  error_host_.reset(host);
 }
 
 void DeviceState::reinitialize_after_failure() {
@@ -47,9 +50,20 @@ void DeviceState::reinitialize(std::uint64_t epoch) {
   ScopedDevice on(device_);
   layout_.initialize(image_.data(), epoch);
   LOOM_CUDA(cudaMemcpy(arena_.get(), image_.data(), image_.size(), cudaMemcpyHostToDevice));
+  error_copied_ = false;
 }
 
-ErrorRecord DeviceState::read_error() const {
+void DeviceState::copy_error_after(cudaStream_t stream) {
+  ScopedDevice on(device_);
+  error_copied_ = false;
+  LOOM_CUDA(cudaMemcpyAsync(error_host_.get(), arena_.get() + layout_.error_offset(),
+                            sizeof(ErrorRecord), cudaMemcpyDeviceToHost, stream));
+  error_copied_ = true;
+  error_stream_ = stream;
+}
+
+ErrorRecord DeviceState::read_error(cudaStream_t waited) const {
+  if (error_copied_ && error_stream_ == waited) return *error_host_;
   ScopedDevice on(device_);
   ErrorRecord e{};
   LOOM_CUDA(

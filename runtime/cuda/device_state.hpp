@@ -18,8 +18,12 @@ class DeviceState {
   DeviceState(Graph graph, StateOptions const& options);
   RuntimeState const& state() const { return state_; }
 
-  // Copies the error record back (after the stream is synchronised).
-  ErrorRecord read_error() const;
+  // Enqueues the error record's copy into pinned host memory on `stream`, behind the launch just
+  // enqueued there; read_error(stream) then reads it without a copy (and a wait) of its own.
+  void copy_error_after(cudaStream_t stream);
+  // The error record, once `waited` (a stream the caller synchronised) has ended: the pinned copy
+  // when the last launch's copy went on `waited`, else copied back now.
+  ErrorRecord read_error(cudaStream_t waited) const;
   // The same while a launch may still run: copied on a non-blocking stream of its own (made on
   // the first peek, kept for the next), which waits for nothing the launch's stream holds.
   ErrorRecord peek_error() const;
@@ -43,6 +47,12 @@ class DeviceState {
     void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
   };
   mutable std::unique_ptr<CUstream_st, StreamDeleter> peek_stream_;
+  struct HostDeleter {
+    void operator()(ErrorRecord* p) const { cudaFreeHost(p); }
+  };
+  std::unique_ptr<ErrorRecord, HostDeleter> error_host_;  // pinned, written by copy_error_after
+  bool error_copied_ = false;
+  cudaStream_t error_stream_ = nullptr;  // where that copy went
 };
 
 }  // namespace loom

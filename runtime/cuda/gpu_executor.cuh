@@ -25,7 +25,7 @@ namespace loom {
 struct GpuOptions {
   SchedulingPolicy policy = SchedulingPolicy::fifo;
   std::chrono::milliseconds watchdog{5000};
-  std::uint32_t trace_capacity = 0;  // 0: tracing off
+  std::uint32_t trace_capacity = 0;        // 0: tracing off
   std::uint64_t prefetch_after_ns = 2000;  // see StateOptions (0: always, kNoPrefetch: never)
   std::uint32_t blocks_per_sm = 1;   // processors per SM, capped by the occupancy API's answer
   std::uint32_t max_processors = 0;  // 0: as many as can be resident
@@ -70,7 +70,7 @@ class GpuExecutor {
   // Waits for the stream and raises the launch's error, if any (then re-initialises the state).
   void check(cudaStream_t stream = nullptr) {
     wait(stream);
-    ErrorRecord const e = state_.read_error();
+    ErrorRecord const e = state_.read_error(stream);
     if (e.code != 0) {
       state_.reinitialize_after_failure();
       throw Error(Pipeline::describe(e));
@@ -81,7 +81,7 @@ class GpuExecutor {
   // message ("" when it succeeded) without re-initialising; then restart_at() on every rank.
   std::string failure(cudaStream_t stream = nullptr) {
     wait(stream);
-    ErrorRecord const e = state_.read_error();
+    ErrorRecord const e = state_.read_error(stream);
     return e.code != 0 ? Pipeline::describe(e) : std::string();
   }
   // Re-initialises the state so that the next launch is number `epoch`.
@@ -228,6 +228,7 @@ class GpuExecutor {
     config.numAttrs = 1;
     LOOM_CUDA(cudaLaunchKernelEx(&config, kernel<Policy>(), state_.state(), heap_, decoder_));
     LOOM_CUDA(cudaGetLastError());
+    state_.copy_error_after(stream);
   }
 
   GpuOptions options_;
