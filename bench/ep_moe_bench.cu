@@ -182,19 +182,23 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
     in[r].ids = loom::DeviceBuffer<std::int32_t>(ids);
     in[r].weights = loom::DeviceBuffer<float>(wts);
   }
+  // Medians of the whole call and of its enqueueing alone (forward(): every rank's launch).
   auto time_fused = [&](bool given) {
-    std::vector<double> t;
+    std::vector<double> t, enqueue;
     for (int i = 0; i < iters + 2; ++i) {
       sync_all(devices);
       auto const t0 = Clock::now();
       fused.forward(fused_calls(given));
+      auto const t1 = Clock::now();
       fused.check();
-      if (i >= 2) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (i < 2) continue;
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      enqueue.push_back(std::chrono::duration<double>(t1 - t0).count());
     }
-    return median(t);
+    return std::pair{median(t), median(enqueue)};
   };
-  double const fused_router = time_fused(false);
-  double const fused_given = time_fused(true);
+  auto const [fused_router, enqueue_router] = time_fused(false);
+  auto const [fused_given, enqueue_given] = time_fused(true);
   double dispatch_gbps = 0;     // the fastest rank's, when traced
   if (!trace_prefix.empty()) {  // one more given-routing call, traced on every rank
     for (std::uint32_t r = 0; r < world; ++r) fused.rank(r).executor().take_trace();
@@ -255,16 +259,22 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
       "baseline(given) %8.3f ms  speedup %5.2fx  %7.2f MTok/s  rel.diff %.1e\n",
       s.name.c_str(), world, c.experts, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
       base_given * 1e3, base_given / fused_given, tokens / fused_router / 1e6, rel);
+  std::printf(
+      "%-8s P=%u host: forward() enqueues every rank's call in %.1f us (router) / %.1f us "
+      "(given routing), medians\n",
+      s.name.c_str(), world, enqueue_router * 1e6, enqueue_given * 1e6);
   std::fflush(stdout);
   if (json) {
     std::fprintf(json,
                  "%s{\"scenario\":\"%s\",\"world\":%u,\"experts\":%u,\"hidden\":%u,\"ffn\":%u,"
                  "\"top_k\":%u,\"tokens_per_rank\":%u,\"fused_router_ms\":%.4f,"
                  "\"fused_given_ms\":%.4f,\"baseline_given_ms\":%.4f,\"rel_diff\":%.3e,"
-                 "\"lsa_store_GBps\":%.1f,\"dispatch_GBps\":%.1f}",
+                 "\"lsa_store_GBps\":%.1f,\"dispatch_GBps\":%.1f,\"enqueue_router_us\":%.1f,"
+                 "\"enqueue_given_us\":%.1f}",
                  first_json ? "" : ",\n", s.name.c_str(), world, c.experts, c.hidden, c.ffn,
                  c.top_k, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
-                 base_given * 1e3, rel, lsa, dispatch_gbps);
+                 base_given * 1e3, rel, lsa, dispatch_gbps, enqueue_router * 1e6,
+                 enqueue_given * 1e6);
     first_json = false;
   }
 }
