@@ -7,15 +7,6 @@ namespace loom::moe {
 
 namespace {
 
-// The per-call words, written on the stream ahead of the persistent kernel.
-__global__ void set_ep_call(EpView* view, bf16 const* x, bf16* out, std::uint32_t tokens,
-                            std::uint32_t given) {
-  view->local.x = x;
-  view->local.out = out;
-  const_cast<std::uint32_t*>(view->local.call)[0] = tokens;
-  const_cast<std::uint32_t*>(view->local.call)[1] = given;
-}
-
 // Experts [first, first + count) of a tensor of `per_expert` elements each.
 std::vector<bf16> expert_slice(std::vector<bf16> const& all, std::size_t per_expert,
                                std::size_t first, std::size_t count) {
@@ -114,16 +105,9 @@ void GpuEpMoERank::prepare(EpRankCall const& call, cudaStream_t stream) {
                 " tokens exceed max_tokens=" + std::to_string(config_.max_tokens));
   if ((call.ids == nullptr) != (call.weights == nullptr))
     throw Error("loom: rank " + std::to_string(shape_.rank) + ": routing needs ids and weights");
-  if (call.ids) {
-    std::size_t const n = std::size_t{call.tokens} * config_.top_k;
-    LOOM_CUDA(cudaMemcpyAsync(buf_->ids.get(), call.ids, n * sizeof(std::int32_t),
-                              cudaMemcpyDeviceToDevice, stream));
-    LOOM_CUDA(cudaMemcpyAsync(buf_->weights.get(), call.weights, n * sizeof(float),
-                              cudaMemcpyDeviceToDevice, stream));
-  }
   last_tokens_ = call.tokens;
-  set_ep_call<<<1, 1, 0, stream>>>(view_.get(), call.x, call.out, call.tokens, call.ids ? 1u : 0u);
-  LOOM_CUDA(cudaGetLastError());
+  buf_->enqueue_call(&view_.get()->local, nullptr, call.x, call.out, call.tokens, config_.top_k,
+                     call.ids, call.weights, stream);
 }
 
 void GpuEpMoERank::start(cudaStream_t stream) {

@@ -4,20 +4,6 @@ namespace loom::moe {
 
 namespace {
 
-// The per-call words, written on the stream ahead of the persistent kernel (in the short-tile
-// view too, when the layer has one: the plan may run the call on it).
-__global__ void set_call(MoEView* view, MoEView* short_view, bf16 const* x, bf16* out,
-                         std::uint32_t tokens, std::uint32_t given) {
-  view->x = x;
-  view->out = out;
-  if (short_view) {
-    short_view->x = x;
-    short_view->out = out;
-  }
-  const_cast<std::uint32_t*>(view->call)[0] = tokens;
-  const_cast<std::uint32_t*>(view->call)[1] = given;
-}
-
 // The layer's buffers, once the weights' shapes are checked.
 LayerBuffers checked_buffers(MoEConfig const& c, MoEView const& shape, MoEWeights const& w) {
   check_shapes(c, w);
@@ -70,32 +56,26 @@ std::uint32_t GpuMoELayer::mtiles() const {
   return n;
 }
 
-void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* out,
-                         cudaStream_t stream) {
+void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
+                         float const* weights, bf16* out, cudaStream_t stream) {
   if (tokens > config_.max_tokens)
     throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
   last_tokens_ = tokens;
-  set_call<<<1, 1, 0, stream>>>(view_.get(), short_view_.get(), x, out, tokens, given ? 1u : 0u);
-  LOOM_CUDA(cudaGetLastError());
+  buf_.enqueue_call(view_.get(), short_view_.get(), x, out, tokens, config_.top_k, ids, weights,
+                    stream);
   executor_->launch(stream);
 }
 
 void GpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, bf16* out, cudaStream_t stream) {
-  launch(x, tokens, false, out, stream);
+  launch(x, tokens, nullptr, nullptr, out, stream);
 }
 
 void GpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
                           float const* weights, bf16* out, cudaStream_t stream) {
-  if (tokens > config_.max_tokens)
-    throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
-                std::to_string(config_.max_tokens) + " of this layer");
-  std::size_t const n = std::size_t{tokens} * config_.top_k;
-  LOOM_CUDA(cudaMemcpyAsync(buf_.ids.get(), ids, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
-                            stream));
-  LOOM_CUDA(cudaMemcpyAsync(buf_.weights.get(), weights, n * sizeof(float),
-                            cudaMemcpyDeviceToDevice, stream));
-  launch(x, tokens, true, out, stream);
+  if (ids == nullptr || weights == nullptr)
+    throw Error("loom: given routing needs both ids and weights");
+  launch(x, tokens, ids, weights, out, stream);
 }
 
 void GpuMoELayer::lower_counters() {

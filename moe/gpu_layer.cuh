@@ -46,7 +46,9 @@ class GpuMoELayer {
   GpuExecutor<MoEPipeline>& executor() { return *executor_; }
 
  private:
-  void launch(bf16 const* x, std::uint32_t tokens, bool given, bf16* out, cudaStream_t stream);
+  // One call: its words (and the given routing, unless ids is null), then the launch.
+  void launch(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids, float const* weights,
+              bf16* out, cudaStream_t stream);
   void lower_counters();
 
   struct Gemms {

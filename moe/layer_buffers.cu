@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "moe/layer_buffers.cuh"
 
 namespace loom::moe {
@@ -24,6 +26,49 @@ LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::u
       ids(slots),
       weights(slots),
       route_partial(route_partial_size(shape)) {}
+
+namespace {
+
+// Block 0's thread 0 writes the call's words (the views share their call words); every thread
+// copies its share of the given routing.
+__global__ void set_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out,
+                         std::uint32_t tokens, std::int32_t const* given_ids,
+                         float const* given_weights, std::int32_t* ids, float* weights,
+                         std::size_t slots) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    view->x = x;
+    view->out = out;
+    if (second) {
+      second->x = x;
+      second->out = out;
+    }
+    const_cast<std::uint32_t*>(view->call)[0] = tokens;
+    const_cast<std::uint32_t*>(view->call)[1] = given_ids ? 1u : 0u;
+  }
+  if (!given_ids) return;
+  for (std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < slots;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    ids[i] = given_ids[i];
+    weights[i] = given_weights[i];
+  }
+}
+
+}  // namespace
+
+void LayerBuffers::enqueue_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out,
+                                std::uint32_t tokens, std::uint32_t top_k,
+                                std::int32_t const* given_ids, float const* given_weights,
+                                cudaStream_t stream) {
+  if ((given_ids == nullptr) != (given_weights == nullptr))
+    throw Error("loom: given routing needs both ids and weights");
+  std::size_t const slots = given_ids ? std::size_t{tokens} * top_k : 0;
+  constexpr unsigned kThreads = 256, kMaxBlocks = 64;
+  unsigned const blocks = static_cast<unsigned>(
+      std::clamp<std::size_t>((slots + kThreads - 1) / kThreads, 1, kMaxBlocks));
+  set_call<<<blocks, kThreads, 0, stream>>>(view, second, x, out, tokens, given_ids, given_weights,
+                                            ids.get(), weights.get(), slots);
+  LOOM_CUDA(cudaGetLastError());
+}
 
 void LayerBuffers::bind(MoEView& v) const {
   v.call = call.get();

@@ -27,6 +27,13 @@ struct LayerBuffers {
 
   // Points the view's buffers at these (all but y and block_done).
   void bind(MoEView& v) const;
+  // Enqueues one call's words on `stream`, ahead of the persistent kernel: x, out, the token
+  // count and whether routing is given, into `view` (device memory) and into `second` unless it
+  // is null; with given routing (ids and weights, tokens x top_k each, on this device) also
+  // copies it into ids and weights. One launch whatever is given.
+  void enqueue_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out, std::uint32_t tokens,
+                    std::uint32_t top_k, std::int32_t const* given_ids, float const* given_weights,
+                    cudaStream_t stream);
   // After a failed call, which may leave them raised: zeroes the counters a call raises and
   // lowers again (expert counts, pool fill, row and tile arrivals, route parts).
   void lower_counters();
