@@ -9,8 +9,8 @@ namespace loom::moe {
 struct CpuEpMoELayer::Rank {
   std::vector<bf16> router, w1, w2, pool, h;
   std::vector<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
-      row_source, rows_arrived, up_done, send_tokens, send_chunks, row_rank, local_tokens,
-      combine_list;
+      row_source, rows_arrived, up_done, send_tokens, send_chunks, send_cursor, sends_done,
+      row_rank, local_tokens, combine_list;
   std::vector<std::uint64_t> last_sent;
   std::vector<std::int32_t> ids;
   std::vector<float> weights;
@@ -70,6 +70,8 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     m.send_tokens.assign(world, 0);
     m.send_chunks.assign(world, 0);
     m.last_sent.assign(world, 0);
+    m.send_cursor.assign(2 * world, 0);
+    m.sends_done.assign(1, 0);
     m.local_tokens.assign(el, 0);
     m.combine_list.assign(v.max_blocks, 0);
     m.ids.assign(tokens * k, -1);
@@ -103,6 +105,8 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     ep.send_tokens = m.send_tokens.data();
     ep.send_chunks = m.send_chunks.data();
     ep.last_sent = m.last_sent.data();
+    ep.send_cursor = m.send_cursor.data();
+    ep.sends_done = m.sends_done.data();
     ep.row_rank = m.row_rank.data();
     ep.local_tokens = m.local_tokens.data();
     ep.combine_list = m.combine_list.data();
@@ -168,8 +172,8 @@ void CpuEpMoELayer::lower_counters() {
   heap_->zero();
   for (auto& rank : ranks_) {
     Rank& m = *rank;
-    for (auto* v : {&m.counts, &m.fill, &m.rows_arrived, &m.up_done, &m.send_tokens,
-                    &m.send_chunks})
+    for (auto* v : {&m.counts, &m.fill, &m.rows_arrived, &m.up_done, &m.send_tokens, &m.send_chunks,
+                    &m.send_cursor, &m.sends_done})
       std::fill(v->begin(), v->end(), 0u);
     std::fill(m.last_sent.begin(), m.last_sent.end(), 0u);
   }

@@ -1,6 +1,7 @@
-// The sending side of expert parallelism: RouteDispatch routes a token block (the single-GPU
-// RouteTokens) and sends each token once to every rank holding one of its experts; PlanDispatch
-// tells every rank how much to expect from this one. Layout and protocol: moe/ep_view.hpp.
+// The sending side of expert parallelism: RouteBlock routes a token block (the single-GPU
+// RouteTokens) and claims the slots its rows take on each rank; PlanDispatch tells every rank how
+// much to expect from this one; SendBlocks sends each token once to every rank holding one of its
+// experts. Layout and protocol: moe/ep_view.hpp.
 #pragma once
 
 #include <vector>
@@ -42,8 +43,12 @@ LOOM_HD inline std::uint32_t destination_mask(EpView const& ep, std::uint32_t to
   return mask;
 }
 
-struct RouteDispatch {
-  static constexpr char const* name = "ep_route_dispatch";
+// Routes a token block (RouteTokens), arms its result counter and adds the block's tokens and
+// chunk per destination to the rank's totals (send_tokens, send_chunks: the plan's counts); then
+// arrives on `routed`. The rows travel later, in SendBlocks, so that every route of the rank (and
+// with them the plan's counts) is done before the rows take the links.
+struct RouteBlock {
+  static constexpr char const* name = "ep_route";
   static constexpr unsigned threads = RouteTokens::threads;
   static constexpr unsigned shared_bytes = RouteTokens::shared_bytes;
   using Payload = EpBlockPayload;
@@ -61,117 +66,187 @@ struct RouteDispatch {
           ep.block_done[block], kBlockComplete - pairs * ep.local.down_tiles);
   }
 
+  // Tokens of `block` in this call.
+  LOOM_HD static std::uint32_t block_tokens(MoEView const& v, std::uint32_t block) {
+    std::uint32_t const tokens = v.call[0], t0 = block * v.token_block;
+    return t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
+  }
+
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
     RouteTokens::route_host(v, p.block, 1, ctx);
     if (ctx.failed()) return;
-    std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * v.token_block;
-    if (t0 < tokens) arm_block(ep, p.block);
-    std::uint32_t const t1 = t0 + v.token_block < tokens ? t0 + v.token_block : tokens;
-    std::uint32_t mask[kMaxTokenBlock] = {};
-    std::uint32_t count[kMaxRanks] = {}, first[kMaxRanks] = {}, chunk[kMaxRanks] = {};
-    for (std::uint32_t t = t0; t < t1; ++t) {
-      mask[t - t0] = destination_mask(ep, t);
-      for (std::uint32_t d = 0; d < ep.world; ++d) count[d] += (mask[t - t0] >> d) & 1u;
+    std::uint32_t const t0 = p.block * v.token_block, n = block_tokens(v, p.block);
+    if (n != 0) arm_block(ep, p.block);
+    std::uint32_t count[kMaxRanks] = {};
+    for (std::uint32_t t = t0; t < t0 + n; ++t) {
+      std::uint32_t const mask = destination_mask(ep, t);
+      for (std::uint32_t d = 0; d < ep.world; ++d) count[d] += (mask >> d) & 1u;
     }
     for (std::uint32_t d = 0; d < ep.world; ++d) {
       if (count[d] == 0) continue;
-      first[d] = fetch_add_acq_rel(ep.send_tokens[d], count[d]);
-      chunk[d] = fetch_add_acq_rel(ep.send_chunks[d], 1u);
+      fetch_add_acq_rel(ep.send_tokens[d], count[d]);
+      fetch_add_acq_rel(ep.send_chunks[d], 1u);
     }
-    // Every count this block adds is in: the plan may go while the rows travel.
-    if (!ctx.arrive(ep.routed_event) || ep.skip_sends) return;
-    SymmetricView const& heap = ctx.heap();
-    for (std::uint32_t d = 0; d < ep.world; ++d) {
-      if (count[d] == 0) continue;
-      std::uint32_t slot = first[d];
-      for (std::uint32_t t = t0; t < t1; ++t) {
-        if (((mask[t - t0] >> d) & 1u) == 0) continue;
-        std::size_t const at = std::size_t{ep.rank} * v.max_tokens + slot++;
-        heap.put_serial(d, ep.recv_rows + at * v.hidden, v.x + std::size_t{t} * v.hidden,
-                        std::size_t{v.hidden} * sizeof(bf16));
-        RowMeta const meta = row_meta_for(ep, t, d);
-        heap.put_serial(d, ep.recv_meta + at, &meta, sizeof meta);
-      }
-      ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk[d];
-      std::uint32_t const extent[2] = {first[d], count[d]};
-      heap.put_serial(d, record, extent, sizeof extent);
-      heap.signal_set(d, &record->epoch, ctx.epoch());
-    }
+    ctx.arrive(ep.routed_event);
   }
 
 #if defined(__CUDACC__)
-  // Route as RouteTokens and arm the block's counter; then per destination one ticket pair
-  // (rows, chunk) claimed by one thread, which also numbers the block's rows for that
-  // destination. The block copies the rows into the peers' windows with 16-byte stores, many
-  // reads in flight per thread (fan_out_rows_to), then the metas; after a block barrier the
-  // chunk record is published with a system-scope release, which covers every thread's stores.
+  // Route as RouteTokens and arm the block's counter; then thread d < P counts the block's
+  // tokens for destination d and adds them to the totals.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
     RouteTokens::route_device(v, p.block, 1, ctx);
     __shared__ std::uint32_t mask[kMaxTokenBlock];
-    __shared__ std::uint32_t slot[kMaxTokenBlock * kMaxRanks];  // [token][destination], ~0u: none
-    __shared__ std::uint32_t count[kMaxRanks], first[kMaxRanks], chunk[kMaxRanks];
-    __shared__ bool stop;
-    std::uint32_t const tokens = v.call[0], world = ep.world;
-    std::uint32_t const t0 = p.block * v.token_block;
-    std::uint32_t const n =
-        t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
+    std::uint32_t const world = ep.world, t0 = p.block * v.token_block;
+    std::uint32_t const n = block_tokens(v, p.block);
     for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x)
       mask[t] = destination_mask(ep, t0 + t);
     __syncthreads();
-    if (threadIdx.x < world) {
+    if (threadIdx.x < world && !ctx.failed()) {
       std::uint32_t const d = threadIdx.x;
-      std::uint32_t c = 0;
-      for (std::uint32_t t = 0; t < n; ++t) c += (mask[t] >> d) & 1u;
-      count[d] = c;
-      if (c != 0 && !ctx.failed()) {
-        first[d] = atomicAdd(&ep.send_tokens[d], c);
-        chunk[d] = atomicAdd(&ep.send_chunks[d], 1u);
-        std::uint32_t at = std::uint32_t{ep.rank} * v.max_tokens + first[d];
-        for (std::uint32_t t = 0; t < n; ++t)
-          slot[t * world + d] = (mask[t] >> d) & 1u ? at++ : ~0u;
+      std::uint32_t count = 0;
+      for (std::uint32_t t = 0; t < n; ++t) count += (mask[t] >> d) & 1u;
+      if (count != 0) {
+        atomicAdd(&ep.send_tokens[d], count);
+        atomicAdd(&ep.send_chunks[d], 1u);
       }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      stop = ctx.failed();
-      if (!stop) {
-        if (n != 0) arm_block(ep, p.block);  // thread 0 wrote the block's pairs in route
-        __threadfence();
-        stop = !ctx.arrive(ep.routed_event) || ep.skip_sends;
-      }
+    if (threadIdx.x == 0 && !ctx.failed()) {
+      if (n != 0) arm_block(ep, p.block);  // thread 0 wrote the block's pairs in route
+      __threadfence();
+      ctx.arrive(ep.routed_event);
     }
-    __syncthreads();
-    if (stop) return;
+  }
+#endif
+};
+
+// Payload of a send task: own token blocks first, first + send_tasks, ... (strided, so that a call
+// with few tokens still spreads its blocks over the tasks).
+struct SendPayload {
+  EpView const* view;
+  std::uint32_t first;
+};
+
+// After every route on this rank: sends the rows of its token blocks, each once to every rank
+// holding one of its experts. Per (block, destination) one ticket, claimed as the block goes out,
+// numbers its rows in the destination's recv area and its chunk record, so the records land about
+// in the order of their numbers (the receiver gathers the landed prefix). A few tasks send all
+// the blocks: the links, not the processors, bound the copy, and the other processors gather what
+// has landed meanwhile. The last send of a call lowers the tickets' counters.
+struct SendBlocks {
+  static constexpr char const* name = "ep_send";
+  static constexpr unsigned threads = RouteTokens::threads;
+  static constexpr unsigned shared_bytes = 0;
+  using Payload = SendPayload;
+
+  // After a send task's blocks: the last of the call lowers the counters (every other send has
+  // claimed its tickets before it counted itself done).
+  LOOM_HD static void finish(EpView const& ep) {
+    if (fetch_add_acq_rel(*ep.sends_done, 1u) + 1 != ep.send_tasks) return;
+    for (std::uint32_t i = 0; i < 2 * ep.world; ++i) ep.send_cursor[i] = 0;
+    *ep.sends_done = 0;
+  }
+
+  static void host(Payload const& p, TaskContext& ctx) {
+    EpView const& ep = *p.view;
+    MoEView const& v = ep.local;
+    if (ep.skip_sends) return;
     SymmetricView const& heap = ctx.heap();
-    std::uint32_t const row_chunks = v.hidden / 8;
-    fan_out_rows_to(reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden), n, row_chunks,
-                    world, [&](std::uint32_t t, std::uint32_t d) -> uint4* {
-                      if (((mask[t] >> d) & 1u) == 0) return nullptr;
-                      std::size_t const at = slot[t * world + d];
-                      return reinterpret_cast<uint4*>(heap.peer(d, ep.recv_rows + at * v.hidden));
-                    });
-    for (std::uint32_t i = threadIdx.x; i < 2 * n * world; i += blockDim.x) {
-      std::uint32_t const t = i / (2 * world), d = i / 2 - t * world, half = i % 2;
-      if (((mask[t] >> d) & 1u) == 0) continue;
-      RowMeta const meta = row_meta_for(ep, t0 + t, d);
-      reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + slot[t * world + d]))[half] =
-          reinterpret_cast<uint4 const*>(&meta)[half];
+    for (std::uint32_t block = p.first; block < v.max_blocks; block += ep.send_tasks) {
+      std::uint32_t const t0 = block * v.token_block, n = RouteBlock::block_tokens(v, block);
+      if (n == 0) break;
+      for (std::uint32_t d = 0; d < ep.world; ++d) {
+        std::uint32_t count = 0;
+        for (std::uint32_t t = t0; t < t0 + n; ++t) count += (destination_mask(ep, t) >> d) & 1u;
+        if (count == 0) continue;
+        std::uint32_t const first = fetch_add_acq_rel(ep.send_cursor[d], count);
+        std::uint32_t const chunk = fetch_add_acq_rel(ep.send_cursor[ep.world + d], 1u);
+        std::uint32_t slot = first;
+        for (std::uint32_t t = t0; t < t0 + n; ++t) {
+          if (((destination_mask(ep, t) >> d) & 1u) == 0) continue;
+          std::size_t const at = std::size_t{ep.rank} * v.max_tokens + slot++;
+          heap.put_serial(d, ep.recv_rows + at * v.hidden, v.x + std::size_t{t} * v.hidden,
+                          std::size_t{v.hidden} * sizeof(bf16));
+          RowMeta const meta = row_meta_for(ep, t, d);
+          heap.put_serial(d, ep.recv_meta + at, &meta, sizeof meta);
+        }
+        ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk;
+        std::uint32_t const extent[2] = {first, count};
+        heap.put_serial(d, record, extent, sizeof extent);
+        heap.signal_set(d, &record->epoch, ctx.epoch());
+      }
     }
-    // Every thread's stores happen before the barrier; the record's release store (signal_set,
-    // system scope) makes them visible with it. One fence per destination, not one per thread.
-    __syncthreads();
-    if (threadIdx.x < world && count[threadIdx.x] != 0) {
-      std::uint32_t const d = threadIdx.x;
-      ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk[d];
-      ChunkRecord* remote = heap.peer(d, record);
-      remote->first = first[d];
-      remote->rows = count[d];
-      heap.signal_set(d, &record->epoch, ctx.epoch());
+    finish(ep);
+  }
+
+#if defined(__CUDACC__)
+  // Per block: thread d < P counts the block's rows for destination d, claims its ticket and
+  // numbers them; the block copies the rows into the peers' windows with 16-byte stores, many
+  // reads in flight per thread (fan_out_rows_to), then the metas; after a block barrier each
+  // chunk record is published with a system-scope release, which covers every thread's stores.
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    EpView const& ep = *p.view;
+    MoEView const& v = ep.local;
+    if (ep.skip_sends) return;
+    __shared__ std::uint32_t mask[kMaxTokenBlock];
+    __shared__ std::uint32_t slot[kMaxTokenBlock * kMaxRanks];  // [token][destination], ~0u: none
+    __shared__ std::uint32_t first[kMaxRanks], count[kMaxRanks], chunk[kMaxRanks];
+    std::uint32_t const world = ep.world;
+    SymmetricView const& heap = ctx.heap();
+    for (std::uint32_t block = p.first; block < v.max_blocks; block += ep.send_tasks) {
+      std::uint32_t const t0 = block * v.token_block, n = RouteBlock::block_tokens(v, block);
+      if (n == 0) break;
+      for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x)
+        mask[t] = destination_mask(ep, t0 + t);
+      __syncthreads();
+      if (threadIdx.x < world) {
+        std::uint32_t const d = threadIdx.x;
+        std::uint32_t c = 0;
+        for (std::uint32_t t = 0; t < n; ++t) c += (mask[t] >> d) & 1u;
+        count[d] = c;
+        if (c != 0) {
+          first[d] = atomicAdd(&ep.send_cursor[d], c);
+          chunk[d] = atomicAdd(&ep.send_cursor[world + d], 1u);
+          std::uint32_t at = std::uint32_t{ep.rank} * v.max_tokens + first[d];
+          for (std::uint32_t t = 0; t < n; ++t)
+            slot[t * world + d] = (mask[t] >> d) & 1u ? at++ : ~0u;
+        }
+      }
+      __syncthreads();
+      std::uint32_t const row_chunks = v.hidden / 8;
+      fan_out_rows_to(reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden), n,
+                      row_chunks, world, [&](std::uint32_t t, std::uint32_t d) -> uint4* {
+                        if (((mask[t] >> d) & 1u) == 0) return nullptr;
+                        std::size_t const at = slot[t * world + d];
+                        return reinterpret_cast<uint4*>(heap.peer(d, ep.recv_rows + at * v.hidden));
+                      });
+      for (std::uint32_t i = threadIdx.x; i < 2 * n * world; i += blockDim.x) {
+        std::uint32_t const t = i / (2 * world), d = i / 2 - t * world, half = i % 2;
+        if (((mask[t] >> d) & 1u) == 0) continue;
+        RowMeta const meta = row_meta_for(ep, t0 + t, d);
+        reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + slot[t * world + d]))[half] =
+            reinterpret_cast<uint4 const*>(&meta)[half];
+      }
+      // Every thread's stores happen before the barrier; the record's release store (signal_set,
+      // system scope) makes them visible with it. One fence per destination, not one per thread.
+      __syncthreads();
+      if (threadIdx.x < world && count[threadIdx.x] != 0) {
+        std::uint32_t const d = threadIdx.x;
+        ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk[d];
+        ChunkRecord* remote = heap.peer(d, record);
+        remote->first = first[d];
+        remote->rows = count[d];
+        heap.signal_set(d, &record->epoch, ctx.epoch());
+      }
+      __syncthreads();  // the shared words are rewritten for the next block
+    }
+    if (threadIdx.x == 0) {
+      __threadfence();
+      finish(ep);
     }
   }
 #endif

@@ -55,6 +55,8 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   send_tokens_ = zeros<std::uint32_t>(world);
   send_chunks_ = zeros<std::uint32_t>(world);
   last_sent_ = zeros<std::uint64_t>(world);
+  send_cursor_ = zeros<std::uint32_t>(2 * world);
+  sends_done_ = zeros<std::uint32_t>(1);
   local_tokens_ = zeros<std::uint32_t>(el);
   combine_list_ = zeros<std::uint32_t>(shape_.local.max_blocks);
 
@@ -76,6 +78,8 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   ep.send_tokens = send_tokens_.get();
   ep.send_chunks = send_chunks_.get();
   ep.last_sent = last_sent_.get();
+  ep.send_cursor = send_cursor_.get();
+  ep.sends_done = sends_done_.get();
   ep.row_rank = row_rank_.get();
   ep.local_tokens = local_tokens_.get();
   ep.combine_list = combine_list_.get();
@@ -126,6 +130,8 @@ void GpuEpMoERank::restart_at(std::uint64_t epoch) {
   buf_->lower_counters();
   send_tokens_.fill_bytes(0);
   send_chunks_.fill_bytes(0);
+  send_cursor_.fill_bytes(0);
+  sends_done_.fill_bytes(0);
   last_sent_.fill_bytes(0);
 }
 

@@ -65,6 +65,7 @@ class GpuEpMoERank {
   std::unique_ptr<LayerBuffers> buf_;  // allocated on device_
   DeviceBuffer<std::uint32_t> send_tokens_, send_chunks_, row_rank_, local_tokens_, combine_list_;
   DeviceBuffer<std::uint64_t> last_sent_;
+  DeviceBuffer<std::uint32_t> send_cursor_, sends_done_;  // see EpView
   std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
   DeviceBuffer<EpView> view_;
   std::unique_ptr<GpuExecutor<EpPipeline, EpDecoder>> executor_;

@@ -50,6 +50,10 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
   ep.local.combine_type = EpPipeline::id<CombineTokens>;
   ep.gather_type = EpPipeline::id<GatherArrivals>;
   ep.combine_batch_type = EpPipeline::id<CombineArrived>;
+  // One rank copies its rows within its own memory: a send per block. Over the links, a few
+  // processors keep them busy (kSendTasks) and the rest gather what lands.
+  ep.send_tasks =
+      placement.world == 1 ? ep.local.max_blocks : std::min(ep.local.max_blocks, kSendTasks);
   return ep;
 }
 
@@ -60,7 +64,7 @@ std::uint32_t ep_dynamic_bound(EpView const& ep) {
 
 Graph build_ep_graph(EpView const& shape, EpView const* view) {
   GraphBuilder b;
-  // Each route+dispatch arrives itself once its counts are in, before its rows travel.
+  // Each route arrives itself once its counts are in.
   EventOptions explicit_arrivals;
   explicit_arrivals.dynamic_arrivals = true;
   EventId const routed = b.add_event(shape.local.max_blocks, explicit_arrivals);
@@ -68,8 +72,11 @@ Graph build_ep_graph(EpView const& shape, EpView const* view) {
     throw Error("loom: the EP graph's routed event is #" + std::to_string(routed) +
                 ", the view names #" + std::to_string(shape.routed_event));
   for (std::uint32_t block = 0; block < shape.local.max_blocks; ++block)
-    b.add_task(EpPipeline::make<RouteDispatch>(EpBlockPayload{view, block}, kNoEvent, block));
+    b.add_task(EpPipeline::make<RouteBlock>(EpBlockPayload{view, block}, kNoEvent, block));
+  // The plan first: its counts message goes ahead of the rows.
   b.add_task(EpPipeline::make<PlanDispatch>(PlanDispatch::Payload{view}), {routed});
+  for (std::uint32_t s = 0; s < shape.send_tasks; ++s)
+    b.add_task(EpPipeline::make<SendBlocks>(SendPayload{view, s}, kNoEvent, s), {routed});
   b.set_dynamic_bound(ep_dynamic_bound(shape));
   return b.build();
 }

@@ -1,6 +1,7 @@
 // The expert-parallel MoE layer as a Loom pipeline (one per rank): its task types, its shape on
-// P ranks, and the static graph every call runs on each rank (a route+dispatch per token block,
-// one plan after them; everything else is emitted at run time by tasks and the subscribers).
+// P ranks, and the static graph every call runs on each rank (a route per token block; after
+// them one plan and the send tasks; everything else is emitted at run time by tasks and the
+// subscribers).
 #pragma once
 
 #include "moe/ep_receive.hpp"
@@ -11,8 +12,11 @@
 
 namespace loom::moe {
 
-using EpPipeline = Pipeline<RouteDispatch, PlanDispatch, GatherArrivals, ExpertUp, ExpertDownRemote,
-                            CombineTokens, CombineArrived>;
+using EpPipeline = Pipeline<RouteBlock, PlanDispatch, SendBlocks, GatherArrivals, ExpertUp,
+                            ExpertDownRemote, CombineTokens, CombineArrived>;
+
+// Send tasks of a rank over P >= 2 ranks (fewer when it has fewer token blocks).
+inline constexpr std::uint32_t kSendTasks = 64;
 
 // How the layer is spread: `world` ranks, each with E / world experts and up to
 // config.max_tokens tokens of its own per call.

@@ -3,13 +3,15 @@
 //
 // Expert e lives on rank e / E_local as local expert e % E_local. Each rank routes its own tokens
 // and keeps them; a call on rank r runs, in one launch:
-//   route+dispatch (per token block of r): top-k routing (as the single-GPU layer), then every
-//           token goes once to each rank that holds one of its experts: its row and a RowMeta
-//           (token, local experts, slots) into that rank's recv area for source r, at slots
-//           claimed with one ticket per (block, destination); a ChunkRecord tagged with the
-//           launch's epoch publishes the block's rows there (release)
+//   route   (per token block of r): top-k routing (as the single-GPU layer); the block's tokens
+//           and chunk per destination rank added to r's totals
 //   plan    (after every route on r): a counts message to each rank: tokens and chunks it will
 //           get from r, pairs per local expert; release-flagged with the epoch
+//   send    (after every route on r, a few token blocks each): every token goes once to each
+//           rank that holds one of its experts: its row and a RowMeta (token, local experts,
+//           slots) into that rank's recv area for source r, at slots claimed with one ticket per
+//           (block, destination) as the block is sent; a ChunkRecord tagged with the launch's
+//           epoch publishes the block's rows there (release)
 //   receive (subscriber on every rank): once every source's counts message is in, the expert
 //           pool's layout (offsets, M-tiles), then one gather task per ChunkRecord as it lands
 //   gather  (per chunk): recv rows into the expert pools; the last row of an M-tile emits its
@@ -83,6 +85,7 @@ struct EpView {
   std::uint16_t combine_batch_type;  // task type id of CombineArrived
   std::uint32_t routed_event;        // fires when every route on this rank is done
   std::uint32_t skip_sends;          // test hook: 1 = this rank never sends (a silent peer)
+  std::uint32_t send_tasks;          // ep_send tasks: task s sends blocks s, s + send_tasks, ...
 
   // Symmetric regions, as pointers into this rank's own window (peers via SymmetricView::peer).
   std::uint32_t* inbox;
@@ -96,6 +99,8 @@ struct EpView {
   // Rank-local.
   std::uint32_t* send_tokens;   // [P] tokens claimed for each destination this call
   std::uint32_t* send_chunks;   // [P] chunks claimed for each destination this call
+  std::uint32_t* send_cursor;   // [2][P] rows, then chunks, the sends claimed per destination
+  std::uint32_t* sends_done;    // [1] send tasks of this call that have finished
   std::uint64_t* last_sent;     // [P] epoch of the last counts message sent to each peer
   std::uint32_t* row_rank;      // [pool_rows] source rank of each pool row
   std::uint32_t* local_tokens;  // [E_local] pairs each local expert got this call (all sources)

@@ -56,8 +56,9 @@ TEST(CpuMoE, OnlyTheCombinesRunAsCalls) {
   EXPECT_FALSE(MoEPipeline::called<ExpertUp>);
   EXPECT_FALSE(MoEPipeline::called<ExpertDown>);
   EXPECT_TRUE(MoEPipeline::called<CombineTokens>);
-  EXPECT_FALSE(EpPipeline::called<RouteDispatch>);
+  EXPECT_FALSE(EpPipeline::called<RouteBlock>);
   EXPECT_FALSE(EpPipeline::called<PlanDispatch>);
+  EXPECT_FALSE(EpPipeline::called<SendBlocks>);
   EXPECT_FALSE(EpPipeline::called<GatherArrivals>);
   EXPECT_FALSE(EpPipeline::called<ExpertUp>);
   EXPECT_FALSE(EpPipeline::called<ExpertDownRemote>);
