@@ -210,15 +210,14 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
       std::vector<loom::TraceRecord> const trace = fused.rank(r).executor().take_trace();
       loom::write_chrome_trace(path, trace, EpPipeline::names, EpPipeline::size);
       if (world == 1) continue;
-      std::uint64_t begin = ~std::uint64_t{0}, end = 0;  // the first route to the last send
-      for (auto const& t : trace) {
-        if (t.type == EpPipeline::id<RouteBlock>) begin = std::min(begin, t.start_ns);
-        if (t.type == EpPipeline::id<SendBlocks>) end = std::max(end, t.end_ns);
-      }
+      std::uint64_t begin = ~std::uint64_t{0}, end = 0;  // the first send's start to the last's end
+      for (auto const& t : trace)
+        if (t.type == EpPipeline::id<SendBlocks>)
+          begin = std::min(begin, t.start_ns), end = std::max(end, t.end_ns);
       double const bytes = dispatch_bytes(c, fused.rank(r).topk_ids(), r, world);
       double const gbps = end > begin ? bytes / double(end - begin) : 0.0;
       std::printf(
-          "%-8s P=%u rank %u: dispatch %.1f MB to peers during %.1f us of route and send: "
+          "%-8s P=%u rank %u: dispatch %.1f MB to peers during %.1f us of sends: "
           "%.1f GB/s",
           s.name.c_str(), world, r, bytes / 1e6, (end - begin) / 1e3, gbps);
       if (lsa > 0) std::printf(", %.0f%% of the LSA store bandwidth", 100.0 * gbps / lsa);
