@@ -194,6 +194,8 @@ void GpuEpMoEGroup::forward(std::vector<EpRankCall> const& calls) {
                 std::to_string(world()) + " GPUs");
   for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->prepare(calls[r], streams_[r]);
   for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->start(streams_[r]);
+  // After every launch: check() then waits for each stream and reads the copy.
+  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->executor().copy_error_back(streams_[r]);
 }
 
 void GpuEpMoEGroup::check() {

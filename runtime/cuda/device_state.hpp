@@ -18,6 +18,8 @@ class DeviceState {
   DeviceState(Graph graph, StateOptions const& options);
   RuntimeState const& state() const { return state_; }
 
+  // A launch is about to be enqueued: an earlier launch's pinned copy no longer stands for it.
+  void launched() { error_copied_ = false; }
   // Enqueues the error record's copy into pinned host memory on `stream`, behind the launch just
   // enqueued there; read_error(stream) then reads it without a copy (and a wait) of its own.
   void copy_error_after(cudaStream_t stream);

@@ -67,6 +67,13 @@ class GpuExecutor {
     with_policy(options_.policy, [&](auto p) { launch_with<decltype(p)>(stream); });
   }
 
+  // Enqueues the copy of the last launch's error record into pinned host memory, behind that
+  // launch on `stream`; check() and failure() on that stream then read it without a synchronous
+  // copy of their own. For a caller that launches several executors and then waits for them all
+  // (the copies run in the background instead of one after another after the waits); a lone
+  // launch is better off without it, since the copy lengthens its stream by a few microseconds.
+  void copy_error_back(cudaStream_t stream = nullptr) { state_.copy_error_after(stream); }
+
   // Waits for the stream and raises the launch's error, if any (then re-initialises the state).
   void check(cudaStream_t stream = nullptr) {
     wait(stream);
@@ -226,9 +233,9 @@ class GpuExecutor {
     attribute.val.cooperative = 1;
     config.attrs = &attribute;
     config.numAttrs = 1;
+    state_.launched();
     LOOM_CUDA(cudaLaunchKernelEx(&config, kernel<Policy>(), state_.state(), heap_, decoder_));
     LOOM_CUDA(cudaGetLastError());
-    state_.copy_error_after(stream);
   }
 
   GpuOptions options_;
