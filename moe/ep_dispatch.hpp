@@ -1,7 +1,7 @@
 // The sending side of expert parallelism: RouteBlock routes a token block (the single-GPU
-// RouteTokens) and claims the slots its rows take on each rank; PlanDispatch tells every rank how
-// much to expect from this one; SendBlocks sends each token once to every rank holding one of its
-// experts. Layout and protocol: moe/ep_view.hpp.
+// RouteTokens) and counts what it will send to each rank; PlanDispatch tells every rank how much
+// to expect from this one; SendBlocks claims the rows' slots on each rank and sends each token
+// once to every rank holding one of its experts. Layout and protocol: moe/ep_view.hpp.
 #pragma once
 
 #include <vector>
