@@ -105,6 +105,36 @@ TEST_P(EpCpu, FusedRouterMatchesFloat64ReferenceOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, EpCpu, ::testing::Values(2u, 4u, 8u));
 
+// More token blocks than send tasks: the first send tasks carry two blocks each (strided), and
+// calls of few tokens leave most send tasks without a block. Three calls, so the send counters
+// are lowered between calls too.
+TEST(EpCpu, SendTasksCarrySeveralBlocksEach) {
+  std::uint32_t const world = 2, blocks = kSendTasks + 9;
+  MoEConfig const c = ep_config(8, 2, blocks * 32 - 5);
+  ASSERT_LT(make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).send_tasks, blocks);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuEpMoELayer layer(c, w, world, ep_options(world));
+  std::uint32_t const tokens[3][2] = {
+      {c.max_tokens, c.max_tokens}, {40, c.max_tokens - 100}, {c.max_tokens, 1}};
+  for (int call = 0; call < 3; ++call) {
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      ranks[r].x = random_tokens(c, tokens[call][r], seed + 31 * r + call);
+      ranks[r].out = poisoned(ranks[r].x.size());
+    }
+    layer.forward(calls_for(ranks, false));
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::uint32_t const n = tokens[call][r];
+      auto const ids = layer.topk_ids(r);
+      auto const wts = layer.topk_weights(r);
+      auto const ref = reference_moe(c, w, ranks[r].x.data(), n, ids.data(), wts.data());
+      EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "call " << call << ", rank " << r;
+    }
+  }
+}
+
 // Caller routings that stress the exchange, on 2, 4 and 8 ranks of two experts each: all tokens
 // to one rank's experts, one hot expert, a rank with no tokens, -1 entries, and top-k equal to
 // the experts per rank. The hot expert gets a row from every token of every rank (1034 rows on
