@@ -63,13 +63,6 @@ struct RankInputs {
   loom::DeviceBuffer<float> weights;
 };
 
-void sync_all(std::vector<int> const& devices) {
-  for (int d : devices) {
-    loom::ScopedDevice on(d);
-    LOOM_CUDA(cudaDeviceSynchronize());
-  }
-}
-
 // Every rank stores `chunks` 16-byte words into each peer's window; block b serves peer
 // b % peers (the grid is a multiple of peers).
 struct PeerTargets {
@@ -109,12 +102,12 @@ double lsa_store_gbps(std::vector<int> const& devices) {
     }
   };
   store_all();  // warm-up
-  sync_all(devices);
+  loom::synchronize_devices(devices);
   std::vector<double> t;
   for (int i = 0; i < 10; ++i) {
     auto const t0 = Clock::now();
     store_all();
-    sync_all(devices);
+    loom::synchronize_devices(devices);
     t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return double(slice) * (world - 1) / median(t) / 1e9;
@@ -186,7 +179,7 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   auto time_fused = [&](bool given) {
     std::vector<double> t, enqueue;
     for (int i = 0; i < iters + 2; ++i) {
-      sync_all(devices);
+      loom::synchronize_devices(devices);
       auto const t0 = Clock::now();
       fused.forward(fused_calls(given));
       auto const t1 = Clock::now();
@@ -234,7 +227,7 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
                                   in[r].weights.get(), in[r].base_out.get()};
   std::vector<double> tb;
   for (int i = 0; i < iters + 2; ++i) {
-    sync_all(devices);
+    loom::synchronize_devices(devices);
     auto const t0 = Clock::now();
     baseline.forward(base_calls);
     baseline.synchronize();

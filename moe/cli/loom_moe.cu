@@ -203,12 +203,6 @@ Run run_cuda_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const
     calls[q].tokens = tokens;
     calls[q].out = dout[q].get();
   }
-  auto synchronize = [&] {
-    for (int d : devices) {
-      loom::ScopedDevice on(d);
-      LOOM_CUDA(cudaDeviceSynchronize());
-    }
-  };
   group.forward(calls);  // warm-up
   group.check();
   for (unsigned i = 0; i < iters; ++i) {
@@ -217,7 +211,7 @@ Run run_cuda_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const
       dout[q].fill_bytes(0xFF);
       group.rank(q).executor().take_trace();
     }
-    synchronize();
+    loom::synchronize_devices(devices);
     auto const t0 = std::chrono::steady_clock::now();
     group.forward(calls);
     group.check();

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <new>
+#include <vector>
 
 #include "runtime/cuda/check.hpp"
 
@@ -37,5 +38,14 @@ class ScopedDevice {
   }
   int previous_ = -1;
 };
+
+// Waits for every device of `devices` to finish its work (cudaDeviceSynchronize on each in turn),
+// leaving the current device as it was.
+inline void synchronize_devices(std::vector<int> const& devices) {
+  for (int d : devices) {
+    ScopedDevice on(d);
+    LOOM_CUDA(cudaDeviceSynchronize());
+  }
+}
 
 }  // namespace loom
