@@ -159,15 +159,17 @@ struct SendBlocks {
     for (std::uint32_t block = p.first; block < v.max_blocks; block += ep.send_tasks) {
       std::uint32_t const t0 = block * v.token_block, n = RouteBlock::block_tokens(v, block);
       if (n == 0) break;
+      std::uint32_t mask[kMaxTokenBlock];
+      for (std::uint32_t t = 0; t < n; ++t) mask[t] = destination_mask(ep, t0 + t);
       for (std::uint32_t d = 0; d < ep.world; ++d) {
         std::uint32_t count = 0;
-        for (std::uint32_t t = t0; t < t0 + n; ++t) count += (destination_mask(ep, t) >> d) & 1u;
+        for (std::uint32_t t = 0; t < n; ++t) count += (mask[t] >> d) & 1u;
         if (count == 0) continue;
         std::uint32_t const first = fetch_add_acq_rel(ep.send_cursor[d], count);
         std::uint32_t const chunk = fetch_add_acq_rel(ep.send_cursor[ep.world + d], 1u);
         std::uint32_t slot = first;
         for (std::uint32_t t = t0; t < t0 + n; ++t) {
-          if (((destination_mask(ep, t) >> d) & 1u) == 0) continue;
+          if (((mask[t - t0] >> d) & 1u) == 0) continue;
           std::size_t const at = std::size_t{ep.rank} * v.max_tokens + slot++;
           heap.put_serial(d, ep.recv_rows + at * v.hidden, v.x + std::size_t{t} * v.hidden,
                           std::size_t{v.hidden} * sizeof(bf16));

@@ -30,7 +30,8 @@ struct LayerBuffers {
   // Enqueues one call's words on `stream`, ahead of the persistent kernel: x, out, the token
   // count and whether routing is given, into `view` (device memory) and into `second` unless it
   // is null; with given routing (ids and weights, tokens x top_k each, on this device) also
-  // copies it into ids and weights. One launch whatever is given.
+  // copies it into ids and weights. One launch whatever is given. The callers check that ids and
+  // weights are both given or both null.
   void enqueue_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out, std::uint32_t tokens,
                     std::uint32_t top_k, std::int32_t const* given_ids, float const* given_weights,
                     cudaStream_t stream);
