@@ -58,7 +58,7 @@ struct GatherArrivals {
 #if defined(__CUDACC__)
   // Thread i < rows * k claims the pool row of (row i / k, its i % k-th expert); the block copies
   // each received row once to its pool rows (fan_out_rows reads through L2: a peer wrote them);
-  // then each claimant arrives.
+  // then each claimant arrives, and the block emits the groups those arrivals completed.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -92,11 +92,17 @@ struct GatherArrivals {
                                                 recv_index(ep, p.source, first, 0) * v.hidden),
                  reinterpret_cast<uint4*>(v.pool), rows, v.hidden / 8, row_of, v.top_k);
     __syncthreads();
+    // row_of[i] becomes the group pair i completed, if any (kNoGroup is ~0u, an unused pair's).
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       if (row_of[i] == ~0u) continue;
       __threadfence();
-      GatherTokens::arrive(v, expert_of[i], index_of[i], ctx);
+      MTileGroup g;
+      row_of[i] = GatherTokens::arrive_on_group(v, expert_of[i], index_of[i], g)
+                      ? g.expert << 16 | g.first
+                      : kNoGroup;
     }
+    __syncthreads();
+    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tiles, row_of, index_of, pairs);
   }
 #endif
 };
