@@ -17,9 +17,10 @@
 //
 // At P >= 2 the run first measures the LSA store bandwidth (every rank storing through NCCL's
 // peer pointers into every other rank's window at once, the dispatch's traffic pattern). With
-// --trace it also reports the dispatch's rate on each rank: the bytes its route tasks stored into
-// other ranks' windows (rows and metas) over the window from the first route task's start to the
-// last one's end. That window holds the routing too, so the rate is a lower bound.
+// --trace it also reports the dispatch's rate on each rank: the bytes its send tasks stored into
+// other ranks' windows (rows and metas) over the window from the first send task's start to the
+// last one's end. --trace writes one call with given routing (PREFIX.NAME.PN.rR.json) and one
+// with the router (PREFIX.NAME-router.PN.rR.json) per rank.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -192,17 +193,19 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
   };
   auto const [fused_router, enqueue_router] = time_fused(false);
   auto const [fused_given, enqueue_given] = time_fused(true);
-  double dispatch_gbps = 0;     // the fastest rank's, when traced
-  if (!trace_prefix.empty()) {  // one more given-routing call, traced on every rank
+  double dispatch_gbps = 0;  // the fastest rank's, when traced
+  // One more call with the router and one with given routing, traced on every rank.
+  for (bool const given : {false, true}) {
+    if (trace_prefix.empty()) break;
     for (std::uint32_t r = 0; r < world; ++r) fused.rank(r).executor().take_trace();
-    fused.forward(fused_calls(true));
+    fused.forward(fused_calls(given));
     fused.check();
     for (std::uint32_t r = 0; r < world; ++r) {
-      std::string const path = trace_prefix + "." + s.name + ".P" + std::to_string(world) + ".r" +
-                               std::to_string(r) + ".json";
+      std::string const path = trace_prefix + "." + s.name + (given ? "" : "-router") + ".P" +
+                               std::to_string(world) + ".r" + std::to_string(r) + ".json";
       std::vector<loom::TraceRecord> const trace = fused.rank(r).executor().take_trace();
       loom::write_chrome_trace(path, trace, EpPipeline::names, EpPipeline::size);
-      if (world == 1) continue;
+      if (world == 1 || !given) continue;
       std::uint64_t begin = ~std::uint64_t{0}, end = 0;  // the first send's start to the last's end
       for (auto const& t : trace)
         if (t.type == EpPipeline::id<SendBlocks>)
@@ -300,8 +303,9 @@ int main(int argc, char** argv) {
           "          [--only NAME]     the scenarios whose name starts with NAME (weak,\n"
           "                             decode; in the sweep e.g. E64.T4096, or E64. for all\n"
           "                             of E = 64)\n"
-          "          [--trace PREFIX]  (one more given-routing call per run, traced:\n"
-          "                             PREFIX.<scenario>.P<world>.r<rank>.json)\n"
+          "          [--trace PREFIX]  (two more calls per run, traced, given routing\n"
+          "                             and router: PREFIX.<scenario>.P<world>.r<rank>.json\n"
+          "                             and PREFIX.<scenario>-router.P<world>.r<rank>.json)\n"
           "          [--sweep]         FlashDMoE's grid instead of weak and decode:\n"
           "                             H = D = 2048, top-2, E in {8, ..., 128} in all,\n"
           "                             1024 to 16384 tokens per GPU (scenario E<e>.T<t>)\n",
