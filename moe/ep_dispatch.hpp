@@ -226,12 +226,14 @@ struct SendBlocks {
                         std::size_t const at = slot[t * world + d];
                         return reinterpret_cast<uint4*>(heap.peer(d, ep.recv_rows + at * v.hidden));
                       });
-      for (std::uint32_t i = threadIdx.x; i < 2 * n * world; i += blockDim.x) {
-        std::uint32_t const t = i / (2 * world), d = i / 2 - t * world, half = i % 2;
+      for (std::uint32_t i = threadIdx.x; i < n * world; i += blockDim.x) {
+        std::uint32_t const t = i / world, d = i - t * world;
         if (((mask[t] >> d) & 1u) == 0) continue;
         RowMeta const meta = row_meta_for(ep, t0 + t, d);
-        reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + slot[t * world + d]))[half] =
-            reinterpret_cast<uint4 const*>(&meta)[half];
+        uint4* const to =
+            reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + slot[t * world + d]));
+        to[0] = reinterpret_cast<uint4 const*>(&meta)[0];
+        to[1] = reinterpret_cast<uint4 const*>(&meta)[1];
       }
       // Every thread's stores happen before the barrier; the record's release store (signal_set,
       // system scope) makes them visible with it. One fence per destination, not one per thread.

@@ -4,6 +4,8 @@
 // moe/ep_view.hpp.
 #pragma once
 
+#include <cstddef>
+
 #include "moe/ep_dispatch.hpp"
 #include "moe/expert_tile.hpp"
 
@@ -56,6 +58,23 @@ struct GatherArrivals {
   }
 
 #if defined(__CUDACC__)
+  // Slot c of a received row's RowMeta, from the meta's two 16-byte halves loaded at once (a peer
+  // wrote them: through L2), fields taken by shifts so that nothing is indexed in local memory.
+  struct MetaSlot {
+    std::uint32_t token, expert, slot, count;
+  };
+  __device__ static MetaSlot meta_slot(RowMeta const* meta, std::uint32_t c) {
+    static_assert(offsetof(RowMeta, token) == 0 && offsetof(RowMeta, experts) == 4 &&
+                  offsetof(RowMeta, slots) == 20 && offsetof(RowMeta, count) == 28 &&
+                  kMaxTopK == 8);
+    uint4 const lo = __ldcg(reinterpret_cast<uint4 const*>(meta));
+    uint4 const hi = __ldcg(reinterpret_cast<uint4 const*>(meta) + 1);
+    std::uint32_t const experts = c < 2 ? lo.y : c < 4 ? lo.z : c < 6 ? lo.w : hi.x;
+    std::uint32_t const slots = c < 4 ? hi.y : hi.z;
+    return {lo.x, (experts >> (16 * (c & 1u))) & 0xFFFFu, (slots >> (8 * (c & 3u))) & 0xFFu,
+            hi.w & 0xFFu};
+  }
+
   // Thread i < rows * k claims the pool row of (row i / k, its i % k-th expert); the block copies
   // each received row once to its pool rows (fan_out_rows reads through L2: a peer wrote them);
   // then each claimant arrives, and the block emits the groups those arrivals completed.
@@ -74,17 +93,17 @@ struct GatherArrivals {
     std::uint32_t const pairs = rows * v.top_k;
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       std::uint32_t const r = i / v.top_k, c = i - r * v.top_k;
-      RowMeta const* meta = ep.recv_meta + recv_index(ep, p.source, first, r);
-      std::uint32_t const count = __ldcg(reinterpret_cast<unsigned char const*>(&meta->count));
-      if (c >= count) {
+      MetaSlot const m = meta_slot(ep.recv_meta + recv_index(ep, p.source, first, r), c);
+      if (c >= m.count) {
         row_of[i] = ~0u;
         continue;
       }
-      std::uint16_t const e = __ldcg(&meta->experts[c]);
-      std::uint32_t const slot = __ldcg(reinterpret_cast<unsigned char const*>(&meta->slots[c]));
-      expert_of[i] = e;
-      row_of[i] = GatherTokens::claim(v, e, index_of[i]);
-      v.row_source[row_of[i]] = __ldcg(&meta->token) * v.top_k + slot;
+      expert_of[i] = static_cast<std::uint16_t>(m.expert);
+      // Only a distinct index is needed: the plan's offsets and the zeroed fill came through the
+      // ready queue, and the arrival below releases the row.
+      index_of[i] = fetch_add_relaxed(v.fill[m.expert], 1u);
+      row_of[i] = v.offsets[m.expert] + index_of[i];
+      v.row_source[row_of[i]] = m.token * v.top_k + m.slot;
       ep.row_rank[row_of[i]] = p.source;
     }
     __syncthreads();
@@ -93,9 +112,10 @@ struct GatherArrivals {
                  reinterpret_cast<uint4*>(v.pool), rows, v.hidden / 8, row_of, v.top_k);
     __syncthreads();
     // row_of[i] becomes the group pair i completed, if any (kNoGroup is ~0u, an unused pair's).
+    // Each arrival is a release: it covers the block's pool rows, ordered before it by the
+    // barrier above.
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       if (row_of[i] == ~0u) continue;
-      __threadfence();
       MTileGroup g;
       row_of[i] = GatherTokens::arrive_on_group(v, expert_of[i], index_of[i], g)
                       ? g.expert << 16 | g.first
