@@ -1,8 +1,8 @@
 // The unfused expert-parallel baseline (bench/ep_baseline.cuh: NCCL all-to-all around the
-// single-GPU unfused layer) over 2 and 4 GPUs of one process, against the float64 reference:
+// single-GPU unfused layer) over 2, 4 and 8 GPUs of one process, against the float64 reference:
 // random routings with -1 entries, a rank with no tokens, every token to rank 0's experts,
 // nothing routed at all; and each token sent once to each rank holding one of its experts.
-// Skips where fewer than two GPUs (four for P = 4) are present.
+// A case skips where fewer GPUs than its P are present.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -86,8 +86,9 @@ TEST_P(UnfusedEp, MatchesFloat64ReferenceAndSendsEachTokenOncePerRank) {
   auto const [world, dispatch] = GetParam();
   if (loom::cuda_device_count() < static_cast<int>(std::max(2u, world)))
     GTEST_SKIP() << "needs " << std::max(2u, world) << " GPUs";
-  MoEConfig const c =
-      moe_test::config(Activation::swiglu, RouterScore::softmax, 256, 256, 8, 2, 128);
+  // Two experts per rank at least: the all-to-rank-0 pattern draws top-2 from rank 0's.
+  MoEConfig const c = moe_test::config(Activation::swiglu, RouterScore::softmax, 256, 256,
+                                       std::max(8u, 2 * world), 2, 128);
   std::uint64_t const seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(c, seed);
@@ -153,7 +154,7 @@ TEST_P(UnfusedEp, MatchesFloat64ReferenceAndSendsEachTokenOncePerRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, UnfusedEp,
-                         ::testing::Combine(::testing::Values(2u, 4u),
+                         ::testing::Combine(::testing::Values(2u, 4u, 8u),
                                             ::testing::Values(ExpertGemmDispatch::per_expert,
                                                               ExpertGemmDispatch::grouped)),
                          [](auto const& info) {

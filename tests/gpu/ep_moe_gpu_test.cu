@@ -1,8 +1,8 @@
-// The expert-parallel MoE layer over 2 and 4 GPUs of one process (NCCL symmetric windows, LSA
-// stores over NVLink), against the float64 reference: fused router, skewed caller routings,
-// a rank with no tokens, -1 entries; bitwise equality for P = 1, 2, 4 on one global problem; a
-// rank that never arrives; the call after a failed one. Skips where fewer than two GPUs are
-// present.
+// The expert-parallel MoE layer over 2, 4 and 8 GPUs of one process (NCCL symmetric windows,
+// LSA stores over NVLink), against the float64 reference: fused router, skewed caller routings,
+// a rank with no tokens, -1 entries; bitwise equality for P = 1, 2, 4, 8 (as many as present) on
+// one global problem; a rank that never arrives; the call after a failed one. A case skips where
+// its GPUs are not present.
 #include <cstring>
 #include <random>
 
@@ -151,10 +151,10 @@ TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, EpGpu, ::testing::Values(1u, 2u, 4u));
+INSTANTIATE_TEST_SUITE_P(Worlds, EpGpu, ::testing::Values(1u, 2u, 4u, 8u));
 
-// One global problem over 1, 2 and 4 GPUs: bitwise the same output.
-TEST(EpGpu, OutputIsBitwiseIdenticalForOneTwoAndFourRanks) {
+// One global problem over 1, 2, 4 and 8 GPUs (those present): bitwise the same output.
+TEST(EpGpu, OutputIsBitwiseIdenticalAcrossWorldSizes) {
   LOOM_REQUIRE_GPUS(2);
   std::uint32_t const global_tokens = 512;
   MoEConfig const whole =
@@ -164,7 +164,7 @@ TEST(EpGpu, OutputIsBitwiseIdenticalForOneTwoAndFourRanks) {
   MoEWeights const w = random_weights(whole, seed);
   auto const x = random_tokens(whole, global_tokens, seed);
   std::vector<bf16> first;
-  for (std::uint32_t world : {1u, 2u, 4u}) {
+  for (std::uint32_t world : {1u, 2u, 4u, 8u}) {
     if (static_cast<int>(world) > loom::cuda_device_count()) continue;
     MoEConfig c = whole;
     c.max_tokens = global_tokens / world;

@@ -1,6 +1,6 @@
-// The NCCL symmetric heap with one process driving 2..4 GPUs (ncclCommInitAll): communicator
-// identity, the view every rank's kernels get, an all-to-all exchange of stores and signals
-// through that view, and zeroing. Skips where fewer than 2 GPUs exist.
+// The NCCL symmetric heap with one process driving 2, 3, 4 or 8 GPUs (ncclCommInitAll):
+// communicator identity, the view every rank's kernels get, an all-to-all exchange of stores and
+// signals through that view, and zeroing. A case skips where fewer GPUs than it needs exist.
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -104,7 +104,7 @@ TEST_P(NcclHeapWorld, ZeroClearsTheWholeWindow) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpus, NcclHeapWorld, ::testing::Values(2, 3, 4),
+INSTANTIATE_TEST_SUITE_P(Gpus, NcclHeapWorld, ::testing::Values(2, 3, 4, 8),
                          [](auto const& info) { return std::to_string(info.param) + "gpus"; });
 
 }  // namespace
