@@ -43,6 +43,15 @@ LOOM_HD inline std::uint32_t destination_mask(EpView const& ep, std::uint32_t to
   return mask;
 }
 
+// How many of the n destination masks (destination_mask) have bit d set: the tokens of a block
+// that travel to rank d.
+LOOM_HD inline std::uint32_t tokens_for(std::uint32_t const* mask, std::uint32_t n,
+                                        std::uint32_t d) {
+  std::uint32_t count = 0;
+  for (std::uint32_t t = 0; t < n; ++t) count += (mask[t] >> d) & 1u;
+  return count;
+}
+
 // Routes a token block (RouteTokens), arms its result counter and adds the block's tokens and
 // chunk per destination to the rank's totals (send_tokens, send_chunks: the plan's counts); then
 // arrives on `routed`. The rows travel later, in SendBlocks, so that every route of the rank (and
@@ -79,14 +88,12 @@ struct RouteBlock {
     if (ctx.failed()) return;
     std::uint32_t const t0 = p.block * v.token_block, n = block_tokens(v, p.block);
     if (n != 0) arm_block(ep, p.block);
-    std::uint32_t count[kMaxRanks] = {};
-    for (std::uint32_t t = t0; t < t0 + n; ++t) {
-      std::uint32_t const mask = destination_mask(ep, t);
-      for (std::uint32_t d = 0; d < ep.world; ++d) count[d] += (mask >> d) & 1u;
-    }
+    std::uint32_t mask[kMaxTokenBlock];
+    for (std::uint32_t t = 0; t < n; ++t) mask[t] = destination_mask(ep, t0 + t);
     for (std::uint32_t d = 0; d < ep.world; ++d) {
-      if (count[d] == 0) continue;
-      fetch_add_acq_rel(ep.send_tokens[d], count[d]);
+      std::uint32_t const count = tokens_for(mask, n, d);
+      if (count == 0) continue;
+      fetch_add_acq_rel(ep.send_tokens[d], count);
       fetch_add_acq_rel(ep.send_chunks[d], 1u);
     }
     ctx.arrive(ep.routed_event);
@@ -107,8 +114,7 @@ struct RouteBlock {
     __syncthreads();
     if (threadIdx.x < world && !ctx.failed()) {
       std::uint32_t const d = threadIdx.x;
-      std::uint32_t count = 0;
-      for (std::uint32_t t = 0; t < n; ++t) count += (mask[t] >> d) & 1u;
+      std::uint32_t const count = tokens_for(mask, n, d);
       if (count != 0) {
         atomicAdd(&ep.send_tokens[d], count);
         atomicAdd(&ep.send_chunks[d], 1u);
@@ -162,8 +168,7 @@ struct SendBlocks {
       std::uint32_t mask[kMaxTokenBlock];
       for (std::uint32_t t = 0; t < n; ++t) mask[t] = destination_mask(ep, t0 + t);
       for (std::uint32_t d = 0; d < ep.world; ++d) {
-        std::uint32_t count = 0;
-        for (std::uint32_t t = 0; t < n; ++t) count += (mask[t] >> d) & 1u;
+        std::uint32_t const count = tokens_for(mask, n, d);
         if (count == 0) continue;
         std::uint32_t const first = fetch_add_acq_rel(ep.send_cursor[d], count);
         std::uint32_t const chunk = fetch_add_acq_rel(ep.send_cursor[ep.world + d], 1u);
@@ -207,8 +212,7 @@ struct SendBlocks {
       __syncthreads();
       if (threadIdx.x < world) {
         std::uint32_t const d = threadIdx.x;
-        std::uint32_t c = 0;
-        for (std::uint32_t t = 0; t < n; ++t) c += (mask[t] >> d) & 1u;
+        std::uint32_t const c = tokens_for(mask, n, d);
         count[d] = c;
         if (c != 0) {
           first[d] = atomicAdd(&ep.send_cursor[d], c);

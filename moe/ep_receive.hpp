@@ -99,10 +99,7 @@ struct GatherArrivals {
         continue;
       }
       expert_of[i] = static_cast<std::uint16_t>(m.expert);
-      // Only a distinct index is needed: the plan's offsets and the zeroed fill came through the
-      // ready queue, and the arrival below releases the row.
-      index_of[i] = fetch_add_relaxed(v.fill[m.expert], 1u);
-      row_of[i] = v.offsets[m.expert] + index_of[i];
+      row_of[i] = GatherTokens::claim(v, static_cast<std::int32_t>(m.expert), index_of[i]);
       v.row_source[row_of[i]] = m.token * v.top_k + m.slot;
       ep.row_rank[row_of[i]] = p.source;
     }

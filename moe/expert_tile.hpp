@@ -152,9 +152,11 @@ struct GatherTokens {
   static constexpr unsigned shared_bytes = 0;
   using Payload = BlockPayload;
 
-  // Claims the pool row of pair (t, j) routed to expert e.
+  // Claims the pool row of pair (t, j) routed to expert e. Only a distinct index is needed: the
+  // plan's offsets and the zeroed fill came through the ready queue with this task, and the
+  // arrival (arrive_on_group) releases the row once it is written.
   LOOM_HD static std::uint32_t claim(MoEView const& v, std::int32_t e, std::uint32_t& index) {
-    index = fetch_add_acq_rel(v.fill[e], 1u);
+    index = fetch_add_relaxed(v.fill[e], 1u);
     return v.offsets[e] + index;
   }
 
@@ -218,10 +220,11 @@ struct GatherTokens {
                              reinterpret_cast<uint4*>(v.pool), n_tokens, row_chunks, row_of,
                              v.top_k);
     __syncthreads();
-    // row_of[i] becomes the group pair i completed, if any (only thread i touches entry i).
+    // row_of[i] becomes the group pair i completed, if any (only thread i touches entry i). Each
+    // arrival is a release: it covers the block's pool rows, ordered before it by the barrier
+    // above.
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       if (row_of[i] == ~0u) continue;
-      __threadfence();
       std::int32_t const e = v.topk_ids[std::size_t{t0} * v.top_k + i];
       MTileGroup g;
       row_of[i] = arrive_on_group(v, e, index_of[i], g) ? g.expert << 16 | g.first : kNoGroup;
