@@ -202,6 +202,7 @@ struct SendBlocks {
     __shared__ std::uint32_t mask[kMaxTokenBlock];
     __shared__ std::uint32_t slot[kMaxTokenBlock * kMaxRanks];  // [token][destination], ~0u: none
     __shared__ std::uint32_t first[kMaxRanks], count[kMaxRanks], chunk[kMaxRanks];
+    __shared__ uint4* dst_of[kMaxTokenBlock * kMaxRanks];  // [token][destination], or null
     std::uint32_t const world = ep.world;
     SymmetricView const& heap = ctx.heap();
     for (std::uint32_t block = p.first; block < v.max_blocks; block += ep.send_tasks) {
@@ -223,13 +224,20 @@ struct SendBlocks {
         }
       }
       __syncthreads();
+      // Each (token, destination) row's address in that peer's window, resolved once: inside the
+      // copy, every store may alias the views, whose fields would then be reloaded per store.
+      for (std::uint32_t i = threadIdx.x; i < n * world; i += blockDim.x) {
+        std::uint32_t const t = i / world, d = i - t * world;
+        dst_of[i] = ((mask[t] >> d) & 1u) == 0
+                        ? nullptr
+                        : reinterpret_cast<uint4*>(
+                              heap.peer(d, ep.recv_rows + std::size_t{slot[i]} * v.hidden));
+      }
+      __syncthreads();
       std::uint32_t const row_chunks = v.hidden / 8;
       fan_out_rows_to(reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden), n,
-                      row_chunks, world, [&](std::uint32_t t, std::uint32_t d) -> uint4* {
-                        if (((mask[t] >> d) & 1u) == 0) return nullptr;
-                        std::size_t const at = slot[t * world + d];
-                        return reinterpret_cast<uint4*>(heap.peer(d, ep.recv_rows + at * v.hidden));
-                      });
+                      row_chunks, world,
+                      [&](std::uint32_t t, std::uint32_t d) { return dst_of[t * world + d]; });
       for (std::uint32_t i = threadIdx.x; i < n * world; i += blockDim.x) {
         std::uint32_t const t = i / world, d = i - t * world;
         if (((mask[t] >> d) & 1u) == 0) continue;
