@@ -9,8 +9,8 @@ namespace loom::moe {
 struct CpuEpMoELayer::Rank {
   std::vector<bf16> router, w1, w2, pool, h;
   std::vector<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
-      row_source, rows_arrived, up_done, send_tokens, send_chunks, send_cursor, sends_done,
-      row_rank, local_tokens, combine_list;
+      row_source, rows_arrived, up_done, bin_rows, bin_tokens, send_next, sends_done, row_rank,
+      local_tokens, combine_list;
   std::vector<std::uint64_t> last_sent;
   std::vector<std::int32_t> ids;
   std::vector<float> weights;
@@ -52,8 +52,8 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     MoEView& v = ep.local;
     m.router = weights.router;
     m.w1 = slice_rows(w1_all, up_cols * config.hidden, std::size_t{r} * el, el);
-    m.w2 = slice_rows(weights.down, std::size_t{config.hidden} * config.ffn, std::size_t{r} * el,
-                      el);
+    m.w2 =
+        slice_rows(weights.down, std::size_t{config.hidden} * config.ffn, std::size_t{r} * el, el);
     m.pool.resize(std::size_t{ep.pool_rows} * config.hidden);
     m.h.resize(std::size_t{ep.pool_rows} * config.ffn);
     m.call.assign(2, 0);
@@ -67,10 +67,10 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     m.row_rank.assign(ep.pool_rows, 0);
     m.rows_arrived.assign(v.max_mtiles, 0);
     m.up_done.assign(v.max_mtiles, 0);
-    m.send_tokens.assign(world, 0);
-    m.send_chunks.assign(world, 0);
+    m.bin_rows.assign(ep.bins(), 0);
+    m.bin_tokens.assign(std::size_t{ep.bins()} * tokens, 0);
     m.last_sent.assign(world, 0);
-    m.send_cursor.assign(2 * world, 0);
+    m.send_next.assign(1, 0);
     m.sends_done.assign(1, 0);
     m.local_tokens.assign(el, 0);
     m.combine_list.assign(v.max_blocks, 0);
@@ -102,10 +102,10 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     ep.recv_meta = heap_->local<RowMeta>(r, regions_.recv_meta);
     ep.recv_rows = heap_->local<bf16>(r, regions_.recv_rows);
     ep.block_done = v.block_done;
-    ep.send_tokens = m.send_tokens.data();
-    ep.send_chunks = m.send_chunks.data();
+    ep.bin_rows = m.bin_rows.data();
+    ep.bin_tokens = m.bin_tokens.data();
     ep.last_sent = m.last_sent.data();
-    ep.send_cursor = m.send_cursor.data();
+    ep.send_next = m.send_next.data();
     ep.sends_done = m.sends_done.data();
     ep.row_rank = m.row_rank.data();
     ep.local_tokens = m.local_tokens.data();
@@ -148,8 +148,8 @@ void CpuEpMoELayer::forward(std::vector<EpRankCall> const& calls) {
       for (std::uint32_t t = 0; t < c.tokens; ++t) {
         std::int32_t offender = 0;
         if (std::uint32_t const bad = check_given_routing(m.view->local, t, offender))
-          throw Error("loom: rank " + std::to_string(r) + ": invalid routing: " +
-                      RouteTokens::describe_failure(bad, t, offender));
+          throw Error("loom: rank " + std::to_string(r) +
+                      ": invalid routing: " + RouteTokens::describe_failure(bad, t, offender));
       }
     }
     m.call[0] = c.tokens;
@@ -172,8 +172,8 @@ void CpuEpMoELayer::lower_counters() {
   heap_->zero();
   for (auto& rank : ranks_) {
     Rank& m = *rank;
-    for (auto* v : {&m.counts, &m.fill, &m.rows_arrived, &m.up_done, &m.send_tokens, &m.send_chunks,
-                    &m.send_cursor, &m.sends_done})
+    for (auto* v : {&m.counts, &m.fill, &m.rows_arrived, &m.up_done, &m.bin_rows, &m.send_next,
+                    &m.sends_done})
       std::fill(v->begin(), v->end(), 0u);
     std::fill(m.last_sent.begin(), m.last_sent.end(), 0u);
   }

@@ -1,7 +1,7 @@
 // The sending side of expert parallelism: RouteBlock routes a token block (the single-GPU
-// RouteTokens) and counts what it will send to each rank; PlanDispatch tells every rank how much
-// to expect from this one; SendBlocks claims the rows' slots on each rank and sends each token
-// once to every rank holding one of its experts. Layout and protocol: moe/ep_view.hpp.
+// RouteTokens) and puts its tokens in the bins of the send order; PlanDispatch tells every rank
+// how much to expect from this one; SendBlocks sends the bins in expert order, each token once to
+// every rank holding one of its experts. Layout and protocol: moe/ep_view.hpp.
 #pragma once
 
 #include <vector>
@@ -33,29 +33,45 @@ LOOM_HD inline RowMeta row_meta_for(EpView const& ep, std::uint32_t token, std::
   return m;
 }
 
-// Bit d set when token t has an expert on rank d.
-LOOM_HD inline std::uint32_t destination_mask(EpView const& ep, std::uint32_t token) {
+// Puts token t in its bins: once per destination rank d holding one of its experts, in the bin of
+// its lowest local expert there (ep_view.hpp, the send order). Ids were checked by the route.
+LOOM_HD inline void bin_token(EpView const& ep, std::uint32_t token) {
   MoEView const& v = ep.local;
   std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
-  std::uint32_t mask = 0;
-  for (std::uint32_t j = 0; j < v.top_k; ++j)
-    if (ids[j] >= 0) mask |= 1u << ep.rank_of(ids[j]);
-  return mask;
+  for (std::uint32_t j = 0; j < v.top_k; ++j) {
+    if (ids[j] < 0) continue;
+    std::uint32_t const d = ep.rank_of(ids[j]);
+    bool lowest = true;
+    for (std::uint32_t i = 0; i < v.top_k; ++i)
+      if (i != j && ids[i] >= 0 && ep.rank_of(ids[i]) == d &&
+          (ids[i] < ids[j] || (ids[i] == ids[j] && i < j)))
+        lowest = false;
+    if (!lowest) continue;
+    std::uint32_t const bin =
+        d * ep.local_experts + static_cast<std::uint32_t>(ids[j]) % ep.local_experts;
+    std::uint32_t const at = fetch_add_relaxed(ep.bin_rows[bin], 1u);
+    ep.bin_tokens[std::size_t{bin} * v.max_tokens + at] = token;
+  }
 }
 
-// How many of the n destination masks (destination_mask) have bit d set: the tokens of a block
-// that travel to rank d.
-LOOM_HD inline std::uint32_t tokens_for(std::uint32_t const* mask, std::uint32_t n,
-                                        std::uint32_t d) {
-  std::uint32_t count = 0;
-  for (std::uint32_t t = 0; t < n; ++t) count += (mask[t] >> d) & 1u;
-  return count;
+// Tokens and chunks rank d gets from this one: the sums over its bins (one thread).
+struct DestinationTotals {
+  std::uint32_t rows, chunks;
+};
+inline DestinationTotals totals_for(EpView const& ep, std::uint32_t d) {
+  DestinationTotals t{0, 0};
+  for (std::uint32_t e = 0; e < ep.local_experts; ++e) {
+    std::uint32_t const rows = load_relaxed(ep.bin_rows[d * ep.local_experts + e]);
+    t.rows += rows;
+    t.chunks += chunks_of(ep, rows);
+  }
+  return t;
 }
 
-// Routes a token block (RouteTokens), arms its result counter and adds the block's tokens and
-// chunk per destination to the rank's totals (send_tokens, send_chunks: the plan's counts); then
-// arrives on `routed`. The rows travel later, in SendBlocks, so that every route of the rank (and
-// with them the plan's counts) is done before the rows take the links.
+// Routes a token block (RouteTokens), arms its result counter and puts the block's tokens in
+// their bins (bin_token: the plan's counts and the sends' order); then arrives on `routed`. The
+// rows travel later, in SendBlocks, so that every route of the rank (and with them the bins) is
+// done before the rows take the links.
 struct RouteBlock {
   static constexpr char const* name = "ep_route";
   static constexpr unsigned threads = RouteTokens::threads;
@@ -88,38 +104,19 @@ struct RouteBlock {
     if (ctx.failed()) return;
     std::uint32_t const t0 = p.block * v.token_block, n = block_tokens(v, p.block);
     if (n != 0) arm_block(ep, p.block);
-    std::uint32_t mask[kMaxTokenBlock];
-    for (std::uint32_t t = 0; t < n; ++t) mask[t] = destination_mask(ep, t0 + t);
-    for (std::uint32_t d = 0; d < ep.world; ++d) {
-      std::uint32_t const count = tokens_for(mask, n, d);
-      if (count == 0) continue;
-      fetch_add_acq_rel(ep.send_tokens[d], count);
-      fetch_add_acq_rel(ep.send_chunks[d], 1u);
-    }
+    for (std::uint32_t t = t0; t < t0 + n; ++t) bin_token(ep, t);
     ctx.arrive(ep.routed_event);
   }
 
 #if defined(__CUDACC__)
-  // Route as RouteTokens and arm the block's counter; then thread d < P counts the block's
-  // tokens for destination d and adds them to the totals.
+  // Route as RouteTokens and arm the block's counter; thread t < n bins token t.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
     RouteTokens::route_device(v, p.block, 1, ctx);
-    __shared__ std::uint32_t mask[kMaxTokenBlock];
-    std::uint32_t const world = ep.world, t0 = p.block * v.token_block;
-    std::uint32_t const n = block_tokens(v, p.block);
-    for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x)
-      mask[t] = destination_mask(ep, t0 + t);
-    __syncthreads();
-    if (threadIdx.x < world && !ctx.failed()) {
-      std::uint32_t const d = threadIdx.x;
-      std::uint32_t const count = tokens_for(mask, n, d);
-      if (count != 0) {
-        atomicAdd(&ep.send_tokens[d], count);
-        atomicAdd(&ep.send_chunks[d], 1u);
-      }
-    }
+    std::uint32_t const t0 = p.block * v.token_block, n = block_tokens(v, p.block);
+    __syncthreads();  // the route's ids are written
+    if (threadIdx.x < n && !ctx.failed()) bin_token(ep, t0 + threadIdx.x);
     __syncthreads();
     if (threadIdx.x == 0 && !ctx.failed()) {
       if (n != 0) arm_block(ep, p.block);  // thread 0 wrote the block's pairs in route
@@ -130,139 +127,162 @@ struct RouteBlock {
 #endif
 };
 
-// Payload of a send task: own token blocks first, first + send_tasks, ... (strided, so that a call
-// with few tokens still spreads its blocks over the tasks).
+// Payload of a send task.
 struct SendPayload {
   EpView const* view;
-  std::uint32_t first;
+  std::uint32_t task;
 };
 
-// After every route on this rank: sends the rows of its token blocks, each once to every rank
-// holding one of its experts. Per (block, destination) one ticket, claimed as the block goes out,
-// numbers its rows in the destination's recv area and its chunk record, so the records land about
-// in the order of their numbers (the receiver gathers the landed prefix). A few tasks send all
-// the blocks: the links, not the processors, bound the copy, and the other processors gather what
-// has landed meanwhile. The last send of a call lowers the tickets' counters.
+// After every route on this rank: the bins' rows go out in the send order (ep_view.hpp), each
+// token once to every rank holding one of its experts. A task claims the next chunk of the order
+// (send_next) until none is left, so the chunks leave about in order and a destination's pools
+// fill expert by expert. Per chunk: its rows into the destination's recv area (consecutive slots),
+// their metas, and then its chunk record with a system-scope release. A few tasks send
+// everything: the links bound the copy, and the other processors gather and multiply what has
+// landed meanwhile. The last of the sends and the plan lowers the bins' and claims' counters.
 struct SendBlocks {
   static constexpr char const* name = "ep_send";
   static constexpr unsigned threads = RouteTokens::threads;
-  static constexpr unsigned shared_bytes = 0;
+  // Device: the send order's tables (rows, row_base, chunk_base, start) and a chunk's tokens.
+  static constexpr unsigned shared_bytes =
+      (4 * kMaxExperts + 1 + kMaxTokenBlock + 1) * sizeof(std::uint32_t);
   using Payload = SendPayload;
 
-  // After a send task's blocks: the last of the call lowers the counters (every other send has
-  // claimed its tickets before it counted itself done).
+  // After a send task's chunks, and after the plan's messages: the last of the call lowers the
+  // counters (each has read what it needs of them before it counts itself done).
   LOOM_HD static void finish(EpView const& ep) {
-    if (fetch_add_acq_rel(*ep.sends_done, 1u) + 1 != ep.send_tasks) return;
-    for (std::uint32_t i = 0; i < 2 * ep.world; ++i) ep.send_cursor[i] = 0;
+    if (fetch_add_acq_rel(*ep.sends_done, 1u) + 1 != ep.send_tasks + 1) return;
+    for (std::uint32_t b = 0; b < ep.bins(); ++b) ep.bin_rows[b] = 0;
+    *ep.send_next = 0;
     *ep.sends_done = 0;
+  }
+
+  // Chunk `c` of the order: destination, its tokens in bin_tokens, rows, first slot and record.
+  struct Chunk {
+    std::uint32_t dest, bin, rows, first, record;
+    std::uint32_t const* tokens;
+  };
+  LOOM_HD static Chunk chunk_at(EpView const& ep, SendOrder const& order, std::uint32_t c) {
+    std::uint32_t const q = order.position_of(ep, c), bin = bin_at(ep, q);
+    std::uint32_t const i = c - order.start[q], block = ep.local.token_block;
+    std::uint32_t const left = order.rows[bin] - i * block;
+    return {bin / ep.local_experts,
+            bin,
+            left < block ? left : block,
+            order.row_base[bin] + i * block,
+            order.chunk_base[bin] + i,
+            ep.bin_tokens + std::size_t{bin} * ep.local.max_tokens + i * block};
+  }
+
+  LOOM_HD static std::size_t recv_slot(EpView const& ep, std::uint32_t row) {
+    return std::size_t{ep.rank} * ep.local.max_tokens + row;
+  }
+  LOOM_HD static ChunkRecord* record_of(EpView const& ep, std::uint32_t chunk) {
+    return ep.chunks + std::size_t{ep.rank} * ep.chunk_capacity() + chunk;
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    if (ep.skip_sends) return;
-    SymmetricView const& heap = ctx.heap();
-    for (std::uint32_t block = p.first; block < v.max_blocks; block += ep.send_tasks) {
-      std::uint32_t const t0 = block * v.token_block, n = RouteBlock::block_tokens(v, block);
-      if (n == 0) break;
-      std::uint32_t mask[kMaxTokenBlock];
-      for (std::uint32_t t = 0; t < n; ++t) mask[t] = destination_mask(ep, t0 + t);
-      for (std::uint32_t d = 0; d < ep.world; ++d) {
-        std::uint32_t const count = tokens_for(mask, n, d);
-        if (count == 0) continue;
-        std::uint32_t const first = fetch_add_acq_rel(ep.send_cursor[d], count);
-        std::uint32_t const chunk = fetch_add_acq_rel(ep.send_cursor[ep.world + d], 1u);
-        std::uint32_t slot = first;
-        for (std::uint32_t t = t0; t < t0 + n; ++t) {
-          if (((mask[t - t0] >> d) & 1u) == 0) continue;
-          std::size_t const at = std::size_t{ep.rank} * v.max_tokens + slot++;
-          heap.put_serial(d, ep.recv_rows + at * v.hidden, v.x + std::size_t{t} * v.hidden,
+    if (!ep.skip_sends) {
+      std::uint32_t const bins = ep.bins();
+      std::vector<std::uint32_t> words(4 * std::size_t{bins} + 1);
+      for (std::uint32_t b = 0; b < bins; ++b) words[b] = load_relaxed(ep.bin_rows[b]);
+      SendOrder const order{words.data(), words.data() + bins, words.data() + 2 * bins,
+                            words.data() + 3 * bins};
+      order.number_bins(ep, 0, 1);
+      order.start_positions(ep, 0, 1);
+      SymmetricView const& heap = ctx.heap();
+      for (std::uint32_t c; (c = fetch_add_relaxed(*ep.send_next, 1u)) < order.start[bins];) {
+        Chunk const ch = chunk_at(ep, order, c);
+        for (std::uint32_t r = 0; r < ch.rows; ++r) {
+          std::uint32_t const token = ch.tokens[r];
+          std::size_t const at = recv_slot(ep, ch.first + r);
+          heap.put_serial(ch.dest, ep.recv_rows + at * v.hidden,
+                          v.x + std::size_t{token} * v.hidden,
                           std::size_t{v.hidden} * sizeof(bf16));
-          RowMeta const meta = row_meta_for(ep, t, d);
-          heap.put_serial(d, ep.recv_meta + at, &meta, sizeof meta);
+          RowMeta const meta = row_meta_for(ep, token, ch.dest);
+          heap.put_serial(ch.dest, ep.recv_meta + at, &meta, sizeof meta);
         }
-        ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk;
-        std::uint32_t const extent[2] = {first, count};
-        heap.put_serial(d, record, extent, sizeof extent);
-        heap.signal_set(d, &record->epoch, ctx.epoch());
+        ChunkRecord* const record = record_of(ep, ch.record);
+        std::uint32_t const extent[2] = {ch.first, ch.rows};
+        heap.put_serial(ch.dest, record, extent, sizeof extent);
+        heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
       }
     }
     finish(ep);
   }
 
 #if defined(__CUDACC__)
-  // Per block: thread d < P counts the block's rows for destination d, claims its ticket and
-  // numbers them; the block copies the rows into the peers' windows with 16-byte stores, many
-  // reads in flight per thread (fan_out_rows_to), then the metas; after a block barrier each
-  // chunk record is published with a system-scope release, which covers every thread's stores.
+  // The block loads the bins' sizes and builds the order's tables in shared memory; then per
+  // claimed chunk: thread r < rows reads its token, the block copies the rows into the peer's
+  // window with 16-byte stores, many reads in flight per thread (fan_out_rows_from), thread r
+  // writes row r's meta, and after a block barrier thread 0 publishes the record with a
+  // system-scope release, which covers every thread's stores.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    if (ep.skip_sends) return;
-    __shared__ std::uint32_t mask[kMaxTokenBlock];
-    __shared__ std::uint32_t slot[kMaxTokenBlock * kMaxRanks];  // [token][destination], ~0u: none
-    __shared__ std::uint32_t first[kMaxRanks], count[kMaxRanks], chunk[kMaxRanks];
-    __shared__ uint4* dst_of[kMaxTokenBlock * kMaxRanks];  // [token][destination], or null
-    std::uint32_t const world = ep.world;
-    SymmetricView const& heap = ctx.heap();
-    for (std::uint32_t block = p.first; block < v.max_blocks; block += ep.send_tasks) {
-      std::uint32_t const t0 = block * v.token_block, n = RouteBlock::block_tokens(v, block);
-      if (n == 0) break;
-      for (std::uint32_t t = threadIdx.x; t < n; t += blockDim.x)
-        mask[t] = destination_mask(ep, t0 + t);
-      __syncthreads();
-      if (threadIdx.x < world) {
-        std::uint32_t const d = threadIdx.x;
-        std::uint32_t const c = tokens_for(mask, n, d);
-        count[d] = c;
-        if (c != 0) {
-          first[d] = atomicAdd(&ep.send_cursor[d], c);
-          chunk[d] = atomicAdd(&ep.send_cursor[world + d], 1u);
-          std::uint32_t at = std::uint32_t{ep.rank} * v.max_tokens + first[d];
-          for (std::uint32_t t = 0; t < n; ++t)
-            slot[t * world + d] = (mask[t] >> d) & 1u ? at++ : ~0u;
-        }
-      }
-      __syncthreads();
-      // Each (token, destination) row's address in that peer's window, resolved once: inside the
-      // copy, every store may alias the views, whose fields would then be reloaded per store.
-      for (std::uint32_t i = threadIdx.x; i < n * world; i += blockDim.x) {
-        std::uint32_t const t = i / world, d = i - t * world;
-        dst_of[i] = ((mask[t] >> d) & 1u) == 0
-                        ? nullptr
-                        : reinterpret_cast<uint4*>(
-                              heap.peer(d, ep.recv_rows + std::size_t{slot[i]} * v.hidden));
-      }
-      __syncthreads();
-      std::uint32_t const row_chunks = v.hidden / 8;
-      fan_out_rows_to(reinterpret_cast<uint4 const*>(v.x + std::size_t{t0} * v.hidden), n,
-                      row_chunks, world,
-                      [&](std::uint32_t t, std::uint32_t d) { return dst_of[t * world + d]; });
-      for (std::uint32_t i = threadIdx.x; i < n * world; i += blockDim.x) {
-        std::uint32_t const t = i / world, d = i - t * world;
-        if (((mask[t] >> d) & 1u) == 0) continue;
-        RowMeta const meta = row_meta_for(ep, t0 + t, d);
-        uint4* const to =
-            reinterpret_cast<uint4*>(heap.peer(d, ep.recv_meta + slot[t * world + d]));
-        to[0] = reinterpret_cast<uint4 const*>(&meta)[0];
-        to[1] = reinterpret_cast<uint4 const*>(&meta)[1];
-      }
-      // Every thread's stores happen before the barrier; the record's release store (signal_set,
-      // system scope) makes them visible with it. One fence per destination, not one per thread.
-      __syncthreads();
-      if (threadIdx.x < world && count[threadIdx.x] != 0) {
-        std::uint32_t const d = threadIdx.x;
-        ChunkRecord* record = ep.chunks + std::size_t{ep.rank} * v.max_blocks + chunk[d];
-        ChunkRecord* remote = heap.peer(d, record);
-        remote->first = first[d];
-        remote->rows = count[d];
-        heap.signal_set(d, &record->epoch, ctx.epoch());
-      }
-      __syncthreads();  // the shared words are rewritten for the next block
-    }
+    if (!ep.skip_sends) send_chunks(ep, v, ctx);
     if (threadIdx.x == 0) {
       __threadfence();
       finish(ep);
+    }
+  }
+
+  __device__ static void send_chunks(EpView const& ep, MoEView const& v, TaskContext& ctx) {
+    auto* const words = static_cast<std::uint32_t*>(ctx.shared_memory());
+    std::uint32_t const bins = ep.bins();
+    std::uint32_t* const rows = words;
+    SendOrder const order{rows, rows + bins, rows + 2 * bins, rows + 3 * bins};
+    std::uint32_t* const claimed = order.start + bins + 1;
+    std::uint32_t* const tokens = claimed + 1;
+    for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x)
+      rows[b] = load_relaxed(ep.bin_rows[b]);
+    __syncthreads();
+    order.number_bins(ep, threadIdx.x, blockDim.x);
+    __syncthreads();
+    order.start_positions(ep, threadIdx.x, blockDim.x);
+    __syncthreads();
+    std::uint32_t const total = order.start[bins];
+    SymmetricView const& heap = ctx.heap();
+    std::uint32_t const row_chunks = v.hidden / 8;
+    auto const* const x = reinterpret_cast<uint4 const*>(v.x);
+    if (threadIdx.x == 0) *claimed = atomicAdd(ep.send_next, 1u);
+    __syncthreads();
+    for (;;) {
+      std::uint32_t const c = *claimed;
+      if (c >= total) break;
+      Chunk const ch = chunk_at(ep, order, c);
+      if (threadIdx.x < ch.rows) tokens[threadIdx.x] = __ldcg(ch.tokens + threadIdx.x);
+      __syncthreads();  // the tokens are in, and every thread has read the claim
+      // The next claim goes out now; its answer is needed only after this chunk's copy.
+      std::uint32_t next = 0;
+      if (threadIdx.x == 0) next = atomicAdd(ep.send_next, 1u);
+      auto* const to = reinterpret_cast<uint4*>(
+          heap.peer(ch.dest, ep.recv_rows + recv_slot(ep, ch.first) * v.hidden));
+      fan_out_rows_from(
+          ch.rows, row_chunks, 1,
+          [&](std::uint32_t r) { return x + std::size_t{tokens[r]} * row_chunks; },
+          [&](std::uint32_t r, std::uint32_t) { return to + std::size_t{r} * row_chunks; });
+      if (threadIdx.x < ch.rows) {
+        RowMeta const meta = row_meta_for(ep, tokens[threadIdx.x], ch.dest);
+        auto* const at = reinterpret_cast<uint4*>(
+            heap.peer(ch.dest, ep.recv_meta + recv_slot(ep, ch.first + threadIdx.x)));
+        at[0] = reinterpret_cast<uint4 const*>(&meta)[0];
+        at[1] = reinterpret_cast<uint4 const*>(&meta)[1];
+      }
+      // Every thread's stores happen before the barrier; the record's release store (signal_set,
+      // system scope) makes them visible with it.
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        ChunkRecord* const record = record_of(ep, ch.record);
+        ChunkRecord* const remote = heap.peer(ch.dest, record);
+        remote->first = ch.first;
+        remote->rows = ch.rows;
+        heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
+        *claimed = next;
+      }
+      __syncthreads();  // the next claim is in, and this chunk's tokens are read
     }
   }
 #endif
@@ -270,7 +290,7 @@ struct SendBlocks {
 
 // After every route on this rank: one counts message per destination (tokens and chunks it will
 // get from this rank, pairs per local expert), each after that peer has consumed the previous
-// one; then lowers the send counters and gives back the combines this call will not run.
+// one; then gives back the combines this call will not run.
 struct PlanDispatch {
   static constexpr char const* name = "ep_plan_dispatch";
   static constexpr unsigned threads = 64;
@@ -279,10 +299,12 @@ struct PlanDispatch {
     EpView const* view;
   };
 
-  // Word i of this rank's counts message to d: tokens, chunks, then pairs per local expert of d.
-  LOOM_HD static std::uint32_t message_word(EpView const& ep, std::uint32_t d, std::uint32_t i) {
-    return i == 0   ? ep.send_tokens[d]
-           : i == 1 ? ep.send_chunks[d]
+  // Word i of this rank's counts message to d (its totals `t`): tokens, chunks, then pairs per
+  // local expert of d.
+  LOOM_HD static std::uint32_t message_word(EpView const& ep, std::uint32_t d, std::uint32_t i,
+                                            DestinationTotals const& t) {
+    return i == 0   ? t.rows
+           : i == 1 ? t.chunks
                     : load_relaxed(ep.local.counts[d * ep.local_experts + i - 2]);
   }
 
@@ -297,10 +319,11 @@ struct PlanDispatch {
     }
   }
 
-  // The send counters lowered and the unused combines retired (one thread, after the messages).
+  // The unused combines retired, and the plan counted with the sends (SendBlocks::finish: the
+  // last lowers the bins). One thread, after the messages.
   LOOM_HD static void finish(EpView const& ep, TaskContext& ctx) {
     MoEView const& v = ep.local;
-    for (std::uint32_t d = 0; d < ep.world; ++d) ep.send_tokens[d] = ep.send_chunks[d] = 0;
+    SendBlocks::finish(ep);
     std::uint32_t const active_blocks = (v.call[0] + v.token_block - 1) / v.token_block;
     ctx.retire(v.max_blocks - active_blocks);
   }
@@ -313,7 +336,8 @@ struct PlanDispatch {
       Watchdog dog = ctx.watchdog(WaitSite::signal, d);
       if (!SymmetricView::wait(&ep.ack[d], ep.last_sent[d], dog)) return;
       std::vector<std::uint32_t> message(words);
-      for (std::uint32_t i = 0; i < words; ++i) message[i] = message_word(ep, d, i);
+      DestinationTotals const totals = totals_for(ep, d);
+      for (std::uint32_t i = 0; i < words; ++i) message[i] = message_word(ep, d, i, totals);
       heap.put_serial(d, ep.inbox + std::size_t{ep.rank} * words, message.data(),
                       words * sizeof(std::uint32_t));
       heap.signal_set(d, &ep.inbox_flag[ep.rank], ctx.epoch());
@@ -324,12 +348,26 @@ struct PlanDispatch {
   }
 
 #if defined(__CUDACC__)
-  // Thread 0 waits until every peer has consumed the previous message; the block writes the
-  // messages and keeps the counts; thread 0 flags the messages, then finishes.
+  // Warp w sums the bins of destinations w, w + warps, ... (a lane per bin); thread 0 waits until
+  // every peer has consumed the previous message; the block writes the messages and keeps the
+  // counts; thread 0 flags the messages, then finishes.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     __shared__ bool sent;
+    __shared__ DestinationTotals totals[kMaxRanks];
     std::uint32_t const world = ep.skip_sends ? 0u : ep.world;
+    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (std::uint32_t d = warp; d < world; d += blockDim.x / 32) {
+      std::uint32_t rows = 0, chunks = 0;
+      for (std::uint32_t e = lane; e < ep.local_experts; e += 32) {
+        std::uint32_t const n = load_relaxed(ep.bin_rows[d * ep.local_experts + e]);
+        rows += n;
+        chunks += chunks_of(ep, n);
+      }
+      rows = __reduce_add_sync(0xFFFFFFFFu, rows);
+      chunks = __reduce_add_sync(0xFFFFFFFFu, chunks);
+      if (lane == 0) totals[d] = {rows, chunks};
+    }
     if (threadIdx.x == 0) {
       sent = true;
       for (std::uint32_t d = 0; d < world && sent; ++d) {
@@ -344,7 +382,7 @@ struct PlanDispatch {
     std::uint32_t* const inbox = ep.inbox + std::size_t{ep.rank} * words;
     for (std::uint32_t j = threadIdx.x; j < world * words; j += blockDim.x) {
       std::uint32_t const d = j / words, i = j - d * words;
-      heap.peer(d, inbox)[i] = message_word(ep, d, i);
+      heap.peer(d, inbox)[i] = message_word(ep, d, i, totals[d]);
     }
     __threadfence_system();
     __syncthreads();  // every word is read before the counts are lowered, and fenced

@@ -52,10 +52,10 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
       expert_slice(weights.down, std::size_t{config.hidden} * config.ffn, std::size_t{rank} * el,
                    el));
   row_rank_ = zeros<std::uint32_t>(rows);
-  send_tokens_ = zeros<std::uint32_t>(world);
-  send_chunks_ = zeros<std::uint32_t>(world);
+  bin_rows_ = zeros<std::uint32_t>(shape_.bins());
+  bin_tokens_ = DeviceBuffer<std::uint32_t>(std::size_t{shape_.bins()} * config.max_tokens);
   last_sent_ = zeros<std::uint64_t>(world);
-  send_cursor_ = zeros<std::uint32_t>(2 * world);
+  send_next_ = zeros<std::uint32_t>(1);
   sends_done_ = zeros<std::uint32_t>(1);
   local_tokens_ = zeros<std::uint32_t>(el);
   combine_list_ = zeros<std::uint32_t>(shape_.local.max_blocks);
@@ -75,10 +75,10 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   ep.recv_meta = reinterpret_cast<RowMeta*>(at(regions.recv_meta));
   ep.recv_rows = reinterpret_cast<bf16*>(at(regions.recv_rows));
   ep.block_done = v.block_done;
-  ep.send_tokens = send_tokens_.get();
-  ep.send_chunks = send_chunks_.get();
+  ep.bin_rows = bin_rows_.get();
+  ep.bin_tokens = bin_tokens_.get();
   ep.last_sent = last_sent_.get();
-  ep.send_cursor = send_cursor_.get();
+  ep.send_next = send_next_.get();
   ep.sends_done = sends_done_.get();
   ep.row_rank = row_rank_.get();
   ep.local_tokens = local_tokens_.get();
@@ -128,9 +128,8 @@ void GpuEpMoERank::restart_at(std::uint64_t epoch) {
   ScopedDevice on(device_);
   executor_->restart_at(epoch);
   buf_->lower_counters();
-  send_tokens_.fill_bytes(0);
-  send_chunks_.fill_bytes(0);
-  send_cursor_.fill_bytes(0);
+  bin_rows_.fill_bytes(0);
+  send_next_.fill_bytes(0);
   sends_done_.fill_bytes(0);
   last_sent_.fill_bytes(0);
 }

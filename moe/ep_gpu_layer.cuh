@@ -63,9 +63,9 @@ class GpuEpMoERank {
   int device_;
   EpView shape_;
   std::unique_ptr<LayerBuffers> buf_;  // allocated on device_
-  DeviceBuffer<std::uint32_t> send_tokens_, send_chunks_, row_rank_, local_tokens_, combine_list_;
+  DeviceBuffer<std::uint32_t> row_rank_, local_tokens_, combine_list_;
   DeviceBuffer<std::uint64_t> last_sent_;
-  DeviceBuffer<std::uint32_t> send_cursor_, sends_done_;  // see EpView
+  DeviceBuffer<std::uint32_t> bin_rows_, bin_tokens_, send_next_, sends_done_;  // see EpView
   std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
   DeviceBuffer<EpView> view_;
   std::unique_ptr<GpuExecutor<EpPipeline, EpDecoder>> executor_;

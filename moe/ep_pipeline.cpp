@@ -50,16 +50,18 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
   ep.local.combine_type = EpPipeline::id<CombineTokens>;
   ep.gather_type = EpPipeline::id<GatherArrivals>;
   ep.combine_batch_type = EpPipeline::id<CombineArrived>;
-  // One rank copies its rows within its own memory: a send per block. Over the links, a few
-  // processors keep them busy (kSendTasks) and the rest gather what lands.
-  ep.send_tasks =
-      placement.world == 1 ? ep.local.max_blocks : std::min(ep.local.max_blocks, kSendTasks);
+  // Over the links, a few processors keep them busy (kSendTasks) and the rest gather what lands;
+  // one rank copies its rows within its own memory, a send per token block. Never more tasks
+  // than chunks can be: per destination, its bins' rows in token blocks.
+  std::uint32_t const chunks = placement.world * (ep.local.max_blocks + ep.local_experts - 1);
+  ep.send_tasks = std::min(
+      chunks, placement.world == 1 ? std::max(ep.local.max_blocks, kSendTasks) : kSendTasks);
   return ep;
 }
 
 std::uint32_t ep_dynamic_bound(EpView const& ep) {
   MoEView const& v = ep.local;
-  return ep.world * v.max_blocks + v.max_mtiles * (v.up_tiles + v.down_tiles) + v.max_blocks;
+  return ep.world * ep.chunk_capacity() + v.max_mtiles * (v.up_tiles + v.down_tiles) + v.max_blocks;
 }
 
 Graph build_ep_graph(EpView const& shape, EpView const* view) {

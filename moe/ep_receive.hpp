@@ -24,7 +24,7 @@ struct GatherArrivals {
 
   LOOM_HD static ChunkRecord const& record(EpView const& ep, std::uint32_t source,
                                            std::uint32_t chunk) {
-    return ep.chunks[std::size_t{source} * ep.local.max_blocks + chunk];
+    return ep.chunks[std::size_t{source} * ep.chunk_capacity() + chunk];
   }
   // Gather i of the records after the first, as a task of its own.
   LOOM_HD static Task rest(Payload const& p, std::uint32_t i) {
@@ -218,7 +218,6 @@ class EpDecoder {
 
   LOOM_HD bool receive(TaskContext& ctx) {
     EpView const& ep = *view_;
-    MoEView const& v = ep.local;
     ReceiveState& st = receive_;
     std::uint64_t const epoch = ctx.epoch();
     if (st.epoch != epoch) {
@@ -239,12 +238,12 @@ class EpDecoder {
     }
     bool progress = false;
     ChunkRecord const* const records = ep.chunks;
-    std::uint32_t const world = ep.world, max_blocks = v.max_blocks;
+    std::uint32_t const world = ep.world, capacity = ep.chunk_capacity();
     std::uint16_t const gather = ep.gather_type;
     for (std::uint32_t s = 0; s < world; ++s) {
       // The landed prefix of s's records from next_chunk, kLandBatch epochs read together, then
       // one gather task for all of it (it emits the others, GatherArrivals).
-      ChunkRecord const* const from = records + std::size_t{s} * max_blocks;
+      ChunkRecord const* const from = records + std::size_t{s} * capacity;
       std::uint32_t const next = st.next_chunk[s], end = st.chunks[s];
       std::uint32_t landed = next;
       std::uint64_t blocking = epoch;
@@ -336,7 +335,7 @@ class EpDecoder {
     // Offsets and fill are published to gathers through the ready queue (release).
     for (std::uint32_t s = 0; s < world; ++s)
       ctx.heap().signal_set(s, &ep.ack[ep.rank], ctx.epoch());
-    ctx.retire(world * v.max_blocks - chunks +
+    ctx.retire(world * ep.chunk_capacity() - chunks +
                (v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles));
   }
 

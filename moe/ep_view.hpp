@@ -3,15 +3,18 @@
 //
 // Expert e lives on rank e / E_local as local expert e % E_local. Each rank routes its own tokens
 // and keeps them; a call on rank r runs, in one launch:
-//   route   (per token block of r): top-k routing (as the single-GPU layer); the block's tokens
-//           and chunk per destination rank added to r's totals
+//   route   (per token block of r): top-k routing (as the single-GPU layer); each token placed,
+//           once per destination rank d holding one of its experts, in the bin of its lowest
+//           local expert there
 //   plan    (after every route on r): a counts message to each rank: tokens and chunks it will
 //           get from r, pairs per local expert; release-flagged with the epoch
-//   send    (after every route on r, a few token blocks each): every token goes once to each
-//           rank that holds one of its experts: its row and a RowMeta (token, local experts,
-//           slots) into that rank's recv area for source r, at slots claimed with one ticket per
-//           (block, destination) as the block is sent; a ChunkRecord tagged with the launch's
-//           epoch publishes the block's rows there (release)
+//   send    (after every route on r): the bins in expert order (local expert 0 of every rank,
+//           then 1, ...), a chunk of at most one token block's rows at a time: every token goes
+//           once to each rank that holds one of its experts: its row and a RowMeta (token, local
+//           experts, slots) into that rank's recv area for source r, at slots that follow from
+//           the bins' sizes; a ChunkRecord tagged with the launch's epoch publishes the chunk's
+//           rows there (release). A destination's pools so fill expert by expert, and an
+//           expert's up tiles can start while the rows of later experts are on the links
 //   receive (subscriber on every rank): once every source's counts message is in, the expert
 //           pool's layout (offsets, M-tiles), then one gather task per ChunkRecord as it lands
 //   gather  (per chunk): recv rows into the expert pools; the last row of an M-tile emits its
@@ -57,7 +60,7 @@ struct EpHeapRegions {
   Region inbox;       // [P][2 + E_local] u32: tokens, chunks, pairs per local expert, per source
   Region inbox_flag;  // [P] u64: epoch of each source's counts message
   Region ack;         // [P] u64: epoch of this rank's counts message each peer has consumed
-  Region chunks;      // [P][max_blocks] ChunkRecord, per source
+  Region chunks;      // [P][max_blocks + E_local] ChunkRecord, per source
   Region recv_meta;   // [P][max_tokens] RowMeta, per source
   Region recv_rows;   // [P][max_tokens][H] bf16, per source
   Region y;           // [k][max_tokens][H] bf16: expert outputs for this rank's own tokens
@@ -85,7 +88,7 @@ struct EpView {
   std::uint16_t combine_batch_type;  // task type id of CombineArrived
   std::uint32_t routed_event;        // fires when every route on this rank is done
   std::uint32_t skip_sends;          // test hook: 1 = this rank never sends (a silent peer)
-  std::uint32_t send_tasks;          // ep_send tasks: task s sends blocks s, s + send_tasks, ...
+  std::uint32_t send_tasks;          // ep_send tasks: each sends the next chunk of the order
 
   // Symmetric regions, as pointers into this rank's own window (peers via SymmetricView::peer).
   std::uint32_t* inbox;
@@ -97,10 +100,10 @@ struct EpView {
   std::uint32_t* block_done;  // the same words as local.block_done
 
   // Rank-local.
-  std::uint32_t* send_tokens;   // [P] tokens claimed for each destination this call
-  std::uint32_t* send_chunks;   // [P] chunks claimed for each destination this call
-  std::uint32_t* send_cursor;   // [2][P] rows, then chunks, the sends claimed per destination
-  std::uint32_t* sends_done;    // [1] send tasks of this call that have finished
+  std::uint32_t* bin_rows;      // [P][E_local] tokens of each bin this call (routes add)
+  std::uint32_t* bin_tokens;    // [P][E_local][max_tokens] the tokens of each bin
+  std::uint32_t* send_next;     // [1] the next chunk of the send order to claim
+  std::uint32_t* sends_done;    // [1] send tasks and plan of this call that have finished
   std::uint64_t* last_sent;     // [P] epoch of the last counts message sent to each peer
   std::uint32_t* row_rank;      // [pool_rows] source rank of each pool row
   std::uint32_t* local_tokens;  // [E_local] pairs each local expert got this call (all sources)
@@ -110,6 +113,79 @@ struct EpView {
     return static_cast<std::uint32_t>(expert) / local_experts;
   }
   LOOM_HD std::uint32_t inbox_words() const { return 2 + local_experts; }
+  // Chunk records per source: a destination's chunks are its bins' rows in token blocks, at
+  // most max_blocks + E_local - 1 of them.
+  LOOM_HD std::uint32_t chunk_capacity() const { return local.max_blocks + local_experts; }
+  LOOM_HD std::uint32_t bins() const { return world * local_experts; }
+};
+
+// The send order. Bin d * E_local + e holds this rank's tokens whose lowest local expert on rank
+// d is e (each token is in one bin per destination). The sends take the bins expert by expert:
+// position q of the order is local expert q / P of rank (rank + 1 + q % P) % P, the peers first.
+// Bin rows go out in chunks of at most one token block; a destination numbers a source's rows
+// and chunks bin by bin in expert order (row_base, chunk_base), so every slot follows from the
+// bins' sizes and no two chunks share one.
+LOOM_HD inline std::uint32_t bin_at(EpView const& ep, std::uint32_t q) {
+  std::uint32_t const e = q / ep.world, i = q - e * ep.world;
+  return (ep.rank + 1 + i) % ep.world * ep.local_experts + e;
+}
+LOOM_HD inline std::uint32_t chunks_of(EpView const& ep, std::uint32_t rows) {
+  return (rows + ep.local.token_block - 1) / ep.local.token_block;
+}
+
+// Where the chunks of this call go, from the bins' sizes (`rows`, [bins]): per bin its first row
+// and chunk on its destination (row_base, chunk_base), and per position q of the order its first
+// chunk of the whole order (start, [bins + 1]: start[bins] is the number of chunks). Every array
+// is the caller's (shared memory on the device); one lane of `lanes` fills its share, and the
+// block waits between the two steps.
+struct SendOrder {
+  std::uint32_t const* rows;
+  std::uint32_t* row_base;
+  std::uint32_t* chunk_base;
+  std::uint32_t* start;
+
+  // Step 1: lane d < P numbers destination d's bins.
+  LOOM_HD void number_bins(EpView const& ep, std::uint32_t lane, std::uint32_t lanes) const {
+    for (std::uint32_t d = lane; d < ep.world; d += lanes) {
+      std::uint32_t row = 0, chunk = 0;
+      for (std::uint32_t e = 0; e < ep.local_experts; ++e) {
+        std::uint32_t const b = d * ep.local_experts + e;
+        row_base[b] = row;
+        chunk_base[b] = chunk;
+        row += rows[b];
+        chunk += chunks_of(ep, rows[b]);
+      }
+    }
+  }
+  // Step 2: the first chunk of each position: every chunk of the experts before it, then those of
+  // the destinations before it at its expert; start[bins] counts every chunk.
+  LOOM_HD void start_positions(EpView const& ep, std::uint32_t lane, std::uint32_t lanes) const {
+    std::uint32_t const world = ep.world, experts = ep.local_experts, bins = ep.bins();
+    for (std::uint32_t q = lane; q <= bins; q += lanes) {
+      std::uint32_t first = 0;
+      if (q == bins) {
+        for (std::uint32_t b = experts - 1; b < bins; b += experts)
+          first += chunk_base[b] + chunks_of(ep, rows[b]);
+      } else {
+        std::uint32_t const e = q / world, i = q - e * world;
+        for (std::uint32_t d = 0; d < world; ++d) first += chunk_base[d * experts + e];
+        for (std::uint32_t j = 0; j < i; ++j) first += chunks_of(ep, rows[bin_at(ep, q - i + j)]);
+      }
+      start[q] = first;
+    }
+  }
+  // The position of chunk `c` of the order (start[q] <= c < start[q + 1]).
+  LOOM_HD std::uint32_t position_of(EpView const& ep, std::uint32_t c) const {
+    std::uint32_t lo = 0, hi = ep.bins();  // start[lo] <= c < start[hi]
+    while (hi - lo > 1) {
+      std::uint32_t const mid = (lo + hi) / 2;
+      if (start[mid] <= c)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    return lo;
+  }
 };
 
 // The symmetric layout for `world` ranks of a layer with this shape.
@@ -120,7 +196,8 @@ inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
   r.inbox = layout.add_array<std::uint32_t>("ep.inbox", p * (2 + local_experts));
   r.inbox_flag = layout.add_array<std::uint64_t>("ep.inbox_flag", p);
   r.ack = layout.add_array<std::uint64_t>("ep.ack", p);
-  r.chunks = layout.add_array<ChunkRecord>("ep.chunks", p * shape.max_blocks);
+  r.chunks = layout.add_array<ChunkRecord>("ep.chunks",
+                                           p * (shape.max_blocks + std::uint64_t{local_experts}));
   r.recv_meta = layout.add_array<RowMeta>("ep.recv_meta", p * shape.max_tokens);
   r.recv_rows =
       layout.add_array<bf16>("ep.recv_rows", p * shape.max_tokens * std::uint64_t{shape.hidden});
