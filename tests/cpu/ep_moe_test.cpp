@@ -12,6 +12,7 @@
 
 #include "moe/cpu_layer.hpp"
 #include "moe/ep_cpu_layer.hpp"
+#include "moe/ep_dispatch.hpp"
 #include "moe/reference.hpp"
 
 namespace {
@@ -105,10 +106,10 @@ TEST_P(EpCpu, FusedRouterMatchesFloat64ReferenceOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, EpCpu, ::testing::Values(2u, 4u, 8u));
 
-// More token blocks than send tasks: the first send tasks carry two blocks each (strided), and
-// calls of few tokens leave most send tasks without a block. Three calls, so the send counters
-// are lowered between calls too.
-TEST(EpCpu, SendTasksCarrySeveralBlocksEach) {
+// More chunks than send tasks: each send task claims several, and calls of few tokens leave most
+// send tasks without one. Three calls, so the bins' and claims' counters are lowered between
+// calls too.
+TEST(EpCpu, SendTasksCarrySeveralChunksEach) {
   std::uint32_t const world = 2, blocks = kSendTasks + 9;
   MoEConfig const c = ep_config(8, 2, blocks * 32 - 5);
   ASSERT_LT(make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).send_tasks, blocks);
@@ -131,6 +132,70 @@ TEST(EpCpu, SendTasksCarrySeveralBlocksEach) {
       auto const wts = layer.topk_weights(r);
       auto const ref = reference_moe(c, w, ranks[r].x.data(), n, ids.data(), wts.data());
       EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "call " << call << ", rank " << r;
+    }
+  }
+}
+
+// The send order (ep_view.hpp) on random bin sizes, every rank of 1 to 8 ranks: the chunks number
+// each destination's rows and chunk records exactly once, in token blocks, chunk by chunk in the
+// order the sends claim them, expert by expert; the plan's totals agree; the records fit the
+// region.
+TEST(EpCpu, SendOrderNumbersEveryRowAndChunkOnceExpertByExpert) {
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (std::uint32_t world : {1u, 2u, 3u, 4u, 8u}) {
+    for (std::uint32_t local : {1u, 3u, 32u}) {
+      MoEConfig const c = ep_config(world * local, std::min(2u, world * local), 300);
+      for (std::uint32_t rank = 0; rank < world; ++rank) {
+        EpView ep = make_ep_shape(c, EpPlacement{rank, world}, choose_ep_gemms(c, world));
+        std::uint32_t const bins = ep.bins(), block = ep.local.token_block;
+        // Each destination gets at most max_tokens rows, spread over its bins at random (some
+        // empty, some a partial token block).
+        std::vector<std::uint32_t> rows(bins, 0);
+        for (std::uint32_t d = 0; d < world; ++d) {
+          std::uint32_t const n = rng() % (c.max_tokens + 1);
+          for (std::uint32_t t = 0; t < n; ++t) ++rows[d * local + rng() % (rng() % local + 1)];
+        }
+        std::vector<std::uint32_t> tokens(std::size_t{bins} * c.max_tokens, 0);
+        ep.bin_rows = rows.data();
+        ep.bin_tokens = tokens.data();
+        std::vector<std::uint32_t> words(4 * std::size_t{bins} + 1);
+        SendOrder const order{rows.data(), words.data(), words.data() + bins,
+                              words.data() + 2 * bins};
+        order.number_bins(ep, 0, 1);
+        order.start_positions(ep, 0, 1);
+        std::vector<std::vector<int>> row_seen(world, std::vector<int>(c.max_tokens, 0));
+        std::vector<std::vector<int>> chunk_seen(world, std::vector<int>(ep.chunk_capacity(), 0));
+        std::vector<std::uint32_t> last_record(world, 0), next_row(world, 0);
+        std::uint32_t last_expert = 0;
+        for (std::uint32_t k = 0; k < order.start[bins]; ++k) {
+          SendBlocks::Chunk const ch = SendBlocks::chunk_at(ep, order, k);
+          ASSERT_LT(ch.dest, world);
+          ASSERT_GT(ch.rows, 0u);
+          ASSERT_LE(ch.rows, block);
+          std::uint32_t const expert = ch.bin % local;
+          EXPECT_GE(expert, last_expert) << "chunk " << k << " goes back to an earlier expert";
+          last_expert = expert;
+          ASSERT_LT(ch.record, ep.chunk_capacity() - 1);
+          EXPECT_EQ(chunk_seen[ch.dest][ch.record]++, 0);
+          EXPECT_EQ(ch.record, last_record[ch.dest])
+              << "destination " << ch.dest << ": records in order";
+          last_record[ch.dest] = ch.record + 1;
+          EXPECT_EQ(ch.first, next_row[ch.dest]) << "destination " << ch.dest << ": rows in order";
+          next_row[ch.dest] += ch.rows;
+          EXPECT_EQ(ch.tokens, tokens.data() + std::size_t{ch.bin} * c.max_tokens +
+                                   (ch.first - order.row_base[ch.bin]));
+          for (std::uint32_t r = ch.first; r < ch.first + ch.rows; ++r) ++row_seen[ch.dest][r];
+        }
+        for (std::uint32_t d = 0; d < world; ++d) {
+          DestinationTotals const t = totals_for(ep, d);
+          EXPECT_EQ(next_row[d], t.rows) << "destination " << d;
+          EXPECT_EQ(last_record[d], t.chunks) << "destination " << d;
+          for (std::uint32_t r = 0; r < t.rows; ++r) EXPECT_EQ(row_seen[d][r], 1);
+          for (std::uint32_t i = 0; i < t.chunks; ++i) EXPECT_EQ(chunk_seen[d][i], 1);
+        }
+      }
     }
   }
 }
