@@ -273,6 +273,58 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
   }
 }
 
+// Many local experts per rank (16 on each of four ranks, top-4), the low ones hot, so that the
+// bins of the send order are of every size, from empty to several token blocks, and tokens have
+// two or more experts on one rank; two calls, so the bins are lowered in between. Every rank's
+// output against float64, and every local expert's rows against the routing.
+TEST(EpCpu, ManyLocalExpertsInEveryBinSizeMatchReference) {
+  std::uint32_t const world = 4, local = 16;
+  MoEConfig const c = ep_config(world * local, 4, 600);
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuEpMoELayer layer(c, w, world, ep_options(world));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (int call = 0; call < 2; ++call) {
+    std::vector<RankData> ranks(world);
+    std::vector<std::uint32_t> expected(c.experts, 0);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::uint32_t const tokens = c.max_tokens - 37 * r - 100 * call;
+      RankData& d = ranks[r];
+      d.x = random_tokens(c, tokens, seed + r + 10 * call);
+      d.out = poisoned(d.x.size());
+      d.ids.resize(std::size_t{tokens} * c.top_k);
+      d.weights.resize(d.ids.size());
+      for (std::uint32_t t = 0; t < tokens; ++t) {
+        std::vector<std::int32_t> experts(c.experts);
+        std::iota(experts.begin(), experts.end(), 0);
+        std::shuffle(experts.begin(), experts.end(), rng);
+        if (rng() % 2) {  // a hot low expert (local 0 or 1 of some rank) first
+          std::int32_t const hot = static_cast<std::int32_t>(local * (rng() % world) + rng() % 2);
+          std::iter_swap(experts.begin(), std::find(experts.begin(), experts.end(), hot));
+        }
+        for (std::uint32_t j = 0; j < c.top_k; ++j) {
+          d.ids[t * c.top_k + j] = experts[j];
+          d.weights[t * c.top_k + j] = weight(rng);
+          ++expected[static_cast<std::uint32_t>(experts[j])];
+        }
+      }
+    }
+    layer.forward(calls_for(ranks, true));
+    for (std::uint32_t r = 0; r < world; ++r) {
+      std::uint32_t const tokens = static_cast<std::uint32_t>(ranks[r].x.size() / c.hidden);
+      auto const ref = reference_moe(c, w, ranks[r].x.data(), tokens, ranks[r].ids.data(),
+                                     ranks[r].weights.data());
+      EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "call " << call << " rank " << r;
+      auto const rows = layer.local_expert_rows(r);
+      for (std::uint32_t e = 0; e < local; ++e)
+        EXPECT_EQ(rows[e], expected[r * local + e])
+            << "call " << call << " expert " << r * local + e;
+    }
+  }
+}
+
 // The same global problem split over 1, 2, 4 and 8 ranks (and on the single-rank layer) gives
 // bitwise the same output: each row is computed the same way wherever it lands, and combined
 // in top-k order.
