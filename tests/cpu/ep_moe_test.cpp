@@ -64,6 +64,22 @@ std::vector<EpRankCall> calls_for(std::vector<RankData>& ranks, bool routed) {
   return calls;
 }
 
+// A layer of random weights over `world` virtual ranks, the fresh seed that drew them, and a
+// generator and routing weights for the test's caller routings.
+struct SeededLayer {
+  std::uint64_t seed;
+  MoEWeights weights;
+  CpuEpMoELayer layer;
+  std::mt19937 rng;
+  std::uniform_real_distribution<float> weight{0.1f, 1.0f};
+
+  SeededLayer(MoEConfig const& c, std::uint32_t world, std::uint64_t seed_)
+      : seed(seed_),
+        weights(random_weights(c, seed)),
+        layer(c, weights, world, ep_options(world)),
+        rng(static_cast<unsigned>(seed)) {}
+};
+
 class EpCpu : public ::testing::TestWithParam<std::uint32_t> {};
 
 TEST_P(EpCpu, FusedRouterMatchesFloat64ReferenceOnEveryRank) {
@@ -215,12 +231,13 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
             128u);
   std::int32_t const hot = experts - 3;  // local expert 1 of rank world - 2
   std::uint32_t const idle = world > 2 ? 2 : 1;
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  MoEWeights const w = random_weights(c, seed);
-  CpuEpMoELayer layer(c, w, world, ep_options(world));
-  std::mt19937 rng(static_cast<unsigned>(seed));
-  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  SeededLayer run(c, world, fresh_seed());
+  SCOPED_TRACE("seed " + std::to_string(run.seed));
+  std::uint64_t const seed = run.seed;
+  MoEWeights const& w = run.weights;
+  CpuEpMoELayer& layer = run.layer;
+  std::mt19937& rng = run.rng;
+  auto& weight = run.weight;
   for (int pattern = 0; pattern < 5; ++pattern) {
     std::vector<RankData> ranks(world);
     for (std::uint32_t r = 0; r < world; ++r) {
@@ -280,44 +297,41 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
 TEST(EpCpu, ManyLocalExpertsInEveryBinSizeMatchReference) {
   std::uint32_t const world = 4, local = 16;
   MoEConfig const c = ep_config(world * local, 4, 600);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  MoEWeights const w = random_weights(c, seed);
-  CpuEpMoELayer layer(c, w, world, ep_options(world));
-  std::mt19937 rng(static_cast<unsigned>(seed));
-  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  SeededLayer run(c, world, fresh_seed());
+  SCOPED_TRACE("seed " + std::to_string(run.seed));
   for (int call = 0; call < 2; ++call) {
     std::vector<RankData> ranks(world);
     std::vector<std::uint32_t> expected(c.experts, 0);
     for (std::uint32_t r = 0; r < world; ++r) {
       std::uint32_t const tokens = c.max_tokens - 37 * r - 100 * call;
       RankData& d = ranks[r];
-      d.x = random_tokens(c, tokens, seed + r + 10 * call);
+      d.x = random_tokens(c, tokens, run.seed + r + 10 * call);
       d.out = poisoned(d.x.size());
       d.ids.resize(std::size_t{tokens} * c.top_k);
       d.weights.resize(d.ids.size());
       for (std::uint32_t t = 0; t < tokens; ++t) {
         std::vector<std::int32_t> experts(c.experts);
         std::iota(experts.begin(), experts.end(), 0);
-        std::shuffle(experts.begin(), experts.end(), rng);
-        if (rng() % 2) {  // a hot low expert (local 0 or 1 of some rank) first
-          std::int32_t const hot = static_cast<std::int32_t>(local * (rng() % world) + rng() % 2);
+        std::shuffle(experts.begin(), experts.end(), run.rng);
+        if (run.rng() % 2) {  // a hot low expert (local 0 or 1 of some rank) first
+          std::int32_t const hot =
+              static_cast<std::int32_t>(local * (run.rng() % world) + run.rng() % 2);
           std::iter_swap(experts.begin(), std::find(experts.begin(), experts.end(), hot));
         }
         for (std::uint32_t j = 0; j < c.top_k; ++j) {
           d.ids[t * c.top_k + j] = experts[j];
-          d.weights[t * c.top_k + j] = weight(rng);
+          d.weights[t * c.top_k + j] = run.weight(run.rng);
           ++expected[static_cast<std::uint32_t>(experts[j])];
         }
       }
     }
-    layer.forward(calls_for(ranks, true));
+    run.layer.forward(calls_for(ranks, true));
     for (std::uint32_t r = 0; r < world; ++r) {
       std::uint32_t const tokens = static_cast<std::uint32_t>(ranks[r].x.size() / c.hidden);
-      auto const ref = reference_moe(c, w, ranks[r].x.data(), tokens, ranks[r].ids.data(),
+      auto const ref = reference_moe(c, run.weights, ranks[r].x.data(), tokens, ranks[r].ids.data(),
                                      ranks[r].weights.data());
       EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "call " << call << " rank " << r;
-      auto const rows = layer.local_expert_rows(r);
+      auto const rows = run.layer.local_expert_rows(r);
       for (std::uint32_t e = 0; e < local; ++e)
         EXPECT_EQ(rows[e], expected[r * local + e])
             << "call " << call << " expert " << r * local + e;
