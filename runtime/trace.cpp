@@ -85,6 +85,7 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
     a.s.last_end_ns = std::max(a.s.last_end_ns, end);
     a.waits.push_back(r.wait_ns);
     a.by_start.emplace_back(r.start_ns, r.end_ns - r.start_ns);
+    a.s.busy_ns += r.end_ns - r.start_ns;
     TraceRecord const* const p = k > 0 ? &records[order[k - 1]] : nullptr;
     if (p && p->rank == r.rank && p->processor == r.processor)
       a.gaps.push_back(r.start_ns > p->end_ns ? r.start_ns - p->end_ns : 0);
@@ -106,6 +107,7 @@ std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& re
     a.s.later_median_ns = median_of(later);
     first.insert(first.end(), later.begin(), later.end());
     a.s.median_ns = median_of(first);
+    a.s.tracks = static_cast<std::uint32_t>(tracks);
     out.push_back(a.s);
   }
   std::stable_sort(out.begin(), out.end(), [](auto const& x, auto const& y) {
@@ -124,7 +126,7 @@ std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
   os << head << " " << std::setw(8) << "tasks" << std::setw(16) << "first start" << std::setw(14)
      << "last start" << std::setw(14) << "last end" << std::setw(10) << "median" << std::setw(15)
      << "median wait" << std::setw(14) << "median gap" << std::setw(15) << "first wave"
-     << std::setw(11) << "later"
+     << std::setw(11) << "later" << std::setw(12) << "busy"
      << "\n";
   for (auto const& t : summary) {
     std::string name = type_name(t.type, type_names, type_count);
@@ -142,8 +144,17 @@ std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
       os << std::setw(8) << t.later_median_ns / 1000.0 << " us";
     else
       os << std::setw(11) << "-";
-    os << "\n";
+    os << std::setw(9) << std::setprecision(2) << t.busy_ns / 1e6 << " ms" << std::setprecision(1)
+       << "\n";
   }
+  if (summary.empty()) return os.str();
+  std::uint64_t span = 0, busy = 0;
+  for (auto const& t : summary) span = std::max(span, t.last_end_ns), busy += t.busy_ns;
+  double const capacity = static_cast<double>(span) * summary.front().tracks;
+  os << "processors: " << summary.front().tracks << " tracks over " << span / 1000.0 << " us: busy "
+     << std::setprecision(2) << busy / 1e6 << " ms of " << capacity / 1e6 << " ms ("
+     << std::setprecision(1) << (capacity > 0 ? 100.0 * busy / capacity : 0.0) << "%), idle "
+     << std::setprecision(2) << (capacity - static_cast<double>(busy)) / 1e6 << " ms\n";
   return os.str();
 }
 

@@ -33,13 +33,19 @@ struct TraceTypeSummary {
   // (rank, processor) pairs), and the median duration of those and of the rest (0 when none).
   std::uint32_t first_wave;
   std::uint64_t first_wave_median_ns, later_median_ns;
+  // Processor time: the sum of the type's durations, and the trace's tracks (the same in every
+  // type's summary), so that a table can set the busy time against the capacity.
+  std::uint64_t busy_ns;
+  std::uint32_t tracks;
 };
 
 // The types of `records` in the order of their first start. Medians of an even count are the
 // upper middle value.
 std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& records);
 
-// The summary as a table, a line per type, times in µs.
+// The summary as a table, a line per type, times in µs (processor time in ms), then the use of
+// the processors: busy and idle time against tracks x span (the span: the first start to the
+// last end; on a trace of several ranks, the span of them all).
 std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
                                  char const* const* type_names, std::uint32_t type_count);
 

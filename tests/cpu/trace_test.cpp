@@ -59,8 +59,18 @@ TEST(TraceSummary, CountsWindowsMediansAndGapsPerTrack) {
   EXPECT_EQ(s[1].first_wave_median_ns, 7000u);  // starts 5, 10, 14: durations 7, 20, 6 µs
   EXPECT_EQ(s[1].later_median_ns, 2000u);       // start 22: 2 µs
 
+  // Processor time: 8 + 10 and 6 + 20 + 7 + 2 µs on three tracks over 30 µs (90 µs), 53 busy.
+  EXPECT_EQ(s[0].busy_ns, 18000u);
+  EXPECT_EQ(s[1].busy_ns, 35000u);
+  EXPECT_EQ(s[0].tracks, 3u);
+  EXPECT_EQ(s[1].tracks, 3u);
+
   char const* const names[] = {"zero", "one", "two"};
   std::string const table = format_trace_summary(s, names, 3);
+  EXPECT_NE(table.find("processors: 3 tracks over 30.0 us: busy 0.05 ms of 0.09 ms (58.9%), idle "
+                       "0.04 ms"),
+            std::string::npos)
+      << table;
   EXPECT_NE(table.find("two"), std::string::npos);
   EXPECT_NE(table.find("zero"), std::string::npos);
   EXPECT_LT(table.find("two"), table.find("zero"));  // in order of first start
@@ -107,6 +117,9 @@ TEST(TraceSummary, CoversEveryTaskOfALaunch) {
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].type, TestPipeline::id<Stamp>);
   EXPECT_EQ(s[0].count, 102u);
+  std::uint64_t busy = 0;
+  for (auto const& t : trace) busy += t.end_ns - t.start_ns;
+  EXPECT_EQ(s[0].busy_ns, busy);
   EXPECT_EQ(s[0].first_start_ns, 0u);
   EXPECT_GE(s[0].last_end_ns, s[0].last_start_ns);
   std::set<std::uint32_t> tracks;  // one rank: a track per processor that ran a task
