@@ -31,6 +31,14 @@ struct GatherArrivals {
     return encode_task(p.view->gather_type, ChunkPayload{p.view, p.source, p.chunk + 1 + i, 1});
   }
 
+  // The record's epoch read again with acquire (the subscriber saw it with a relaxed load): it
+  // synchronizes with the sender's release, so the record's rows and metas are visible after it.
+  // One load per gather, on its own processor; the subscriber runs no system-scope fence, which
+  // would wait for the links to drain while the sends stream.
+  LOOM_HD static void acquire_record(ChunkRecord const& rec) {
+    (void)load_acquire<std::uint64_t, cuda::thread_scope_system>(rec.epoch);
+  }
+
   LOOM_HD static std::size_t recv_index(EpView const& ep, std::uint32_t source, std::uint32_t first,
                                         std::uint32_t i) {
     return std::size_t{source} * ep.local.max_tokens + first + i;
@@ -41,6 +49,7 @@ struct GatherArrivals {
     MoEView const& v = ep.local;
     if (!ctx.emit_many(p.chunks - 1, [&](std::uint32_t i) { return rest(p, i); })) return;
     ChunkRecord const& rec = record(ep, p.source, p.chunk);
+    acquire_record(rec);
     std::uint32_t const first = load_relaxed(rec.first), rows = load_relaxed(rec.rows);
     for (std::uint32_t i = 0; i < rows; ++i) {
       std::size_t const at = recv_index(ep, p.source, first, i);
@@ -87,8 +96,10 @@ struct GatherArrivals {
     constexpr std::uint32_t kMaxPairs = kMaxTokenBlock * kMaxTopK;
     __shared__ std::uint32_t row_of[kMaxPairs], index_of[kMaxPairs];
     __shared__ std::uint16_t expert_of[kMaxPairs];
-    // A peer wrote the record (read through L2).
+    // A peer wrote the record (read through L2), acquired by thread 0 for the block.
     ChunkRecord const& rec = record(ep, p.source, p.chunk);
+    if (threadIdx.x == 0) acquire_record(rec);
+    __syncthreads();
     std::uint32_t const first = __ldcg(&rec.first), rows = __ldcg(&rec.rows);
     std::uint32_t const pairs = rows * v.top_k;
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
@@ -172,12 +183,12 @@ struct CombineArrived {
 };
 
 // The subscriber's decoder. Role 0 (subscriber 0) receives: it waits for every source's counts
-// message, lays out the expert pools (offsets, M-tiles), acknowledges the messages, gives back
-// the unused dynamic bound, and then, as chunk records land, emits one gather task per run of
-// landed records of a source. Role 1 (subscriber 1, or subscriber 0 too when it is alone) emits
-// the combines of the own token blocks whose (row, N-tile) arrivals are all in, one task for
-// all that one pass over the counters finds. A wait on one peer that makes no progress for half the
-// watchdog bound is reported naming that peer.
+// message, lays out the expert pools (offsets, M-tiles), gives back the unused dynamic bound,
+// and then, as chunk records land, emits one gather task per run of landed records of a source;
+// once all are taken, it acknowledges the messages. Role 1 (subscriber 1, or subscriber 0 too when
+// it is alone) emits the combines of the own token blocks whose (row, N-tile) arrivals are all in,
+// one task for all that one pass over the counters finds. A wait on one peer that makes no progress
+// for half the watchdog bound is reported naming that peer.
 //
 // One thread decodes, and each of its round trips to memory costs about a microsecond while the
 // GEMMs stream: it reads many words per round trip and publishes one descriptor per batch,
@@ -207,6 +218,7 @@ class EpDecoder {
     std::uint64_t epoch = 0;
     std::uint64_t since = 0;  // time of the last progress
     bool planned = false;
+    bool acknowledged = false;
     std::uint32_t next_chunk[kMaxRanks] = {};
     std::uint32_t chunks[kMaxRanks] = {};
   };
@@ -269,14 +281,28 @@ class EpDecoder {
         if (next < end && !progress) stalled(ctx, s, epoch, blocking);
         continue;
       }
-      // The records' words are read by the gathers: acquired here, released to them by the queue.
-      fence_acquire<cuda::thread_scope_system>();
+      // Each gather acquires its record itself (GatherArrivals::acquire_record).
       if (!ctx.emit(encode_task(gather, ChunkPayload{view_, s, next, landed - next}))) return false;
       st.next_chunk[s] = landed;
       progress = true;
     }
     if (progress) st.since = now_ns();
+    acknowledge(ctx);
     return progress;
+  }
+
+  // Once every record of the call has been taken, each source learns that its counts message was
+  // consumed (it may then send the next call's). Late on purpose: each acknowledgement is a
+  // system-scope release, whose fence waits for the links to drain while the rows stream.
+  LOOM_HD void acknowledge(TaskContext& ctx) {
+    EpView const& ep = *view_;
+    ReceiveState& st = receive_;
+    if (st.acknowledged) return;
+    for (std::uint32_t s = 0; s < ep.world; ++s)
+      if (st.next_chunk[s] != st.chunks[s]) return;
+    for (std::uint32_t s = 0; s < ep.world; ++s)
+      ctx.heap().signal_set(s, &ep.ack[ep.rank], ctx.epoch());
+    st.acknowledged = true;
   }
 
   // Still waiting on peer s: past half the watchdog bound without progress, report it. Returns
@@ -289,7 +315,7 @@ class EpDecoder {
     return false;
   }
 
-  // The pool layout from every source's counts, then the acknowledgements and the bound. View
+  // The pool layout from every source's counts, then the bound. View
   // fields are held in locals (the stores below would make the compiler reload them), and the
   // counts of kPlanBatch experts are read together.
   LOOM_HD void plan(TaskContext& ctx) {
@@ -333,8 +359,6 @@ class EpDecoder {
       return;
     }
     // Offsets and fill are published to gathers through the ready queue (release).
-    for (std::uint32_t s = 0; s < world; ++s)
-      ctx.heap().signal_set(s, &ep.ack[ep.rank], ctx.epoch());
     ctx.retire(world * ep.chunk_capacity() - chunks +
                (v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles));
   }
