@@ -5,8 +5,9 @@
 // in one process driving P GPUs.
 //
 // Weak scaling: fixed tokens per GPU, P = 1, 2, 4 (as many as present); the overlap efficiency is
-// T(1) / T(P) of the fused layer. A call is timed on the host from the first launch to the end of
-// the last rank's stream, after two warm-up calls; medians over --iters calls.
+// T(1) / T(P) of the fused layer, printed at P >= 2 (given routing and router) when P = 1 ran
+// too. A call is timed on the host from the first launch to the end of the last rank's stream,
+// after two warm-up calls; medians over --iters calls.
 //   - "given": both take the routing the fused router chose on the warm-up call;
 //   - "router": the fused layer with its router (the baseline has none in EP form).
 // Columns: median ms, MTokens/s (all ranks' tokens per second), speedup = baseline / fused.
@@ -129,8 +130,16 @@ double dispatch_bytes(MoEConfig const& c, std::vector<std::int32_t> const& ids, 
   return rows * (double(c.hidden) * sizeof(bf16) + sizeof(RowMeta));
 }
 
-void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& first_json,
-         std::string const& trace_prefix) {
+// The fused layer's medians of one run, in seconds.
+struct FusedTimes {
+  double router = 0, given = 0;
+};
+
+// Runs scenario `s` on `world` GPUs and returns the fused layer's medians. `at_one`: the same
+// scenario's medians at P = 1 when they were measured in this run (then the overlap efficiency
+// T(1) / T(P) is printed and written), else null.
+FusedTimes run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& first_json,
+               std::string const& trace_prefix, FusedTimes const* at_one) {
   MoEConfig c;
   c.hidden = s.hidden, c.ffn = s.ffn, c.experts = s.experts_for(world), c.top_k = s.top_k;
   c.activation = Activation::swiglu, c.router = RouterScore::softmax;
@@ -255,6 +264,12 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
       "baseline(given) %8.3f ms  speedup %5.2fx  %7.2f MTok/s  rel.diff %.1e\n",
       s.name.c_str(), world, c.experts, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
       base_given * 1e3, base_given / fused_given, tokens / fused_router / 1e6, rel);
+  // Overlap efficiency T(1) / T(P): 1 when P GPUs run P times the work in the time one takes.
+  double const overlap_given = at_one ? at_one->given / fused_given : 0.0;
+  double const overlap_router = at_one ? at_one->router / fused_router : 0.0;
+  if (at_one)
+    std::printf("%-8s P=%u overlap efficiency T(1)/T(P): %.3f (given routing), %.3f (router)\n",
+                s.name.c_str(), world, overlap_given, overlap_router);
   std::printf(
       "%-8s P=%u host: forward() enqueues every rank's call in %.1f us (router) / %.1f us "
       "(given routing), medians\n",
@@ -266,13 +281,18 @@ void run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bool& fi
                  "\"top_k\":%u,\"tokens_per_rank\":%u,\"fused_router_ms\":%.4f,"
                  "\"fused_given_ms\":%.4f,\"baseline_given_ms\":%.4f,\"rel_diff\":%.3e,"
                  "\"lsa_store_GBps\":%.1f,\"dispatch_GBps\":%.1f,\"enqueue_router_us\":%.1f,"
-                 "\"enqueue_given_us\":%.1f}",
+                 "\"enqueue_given_us\":%.1f",
                  first_json ? "" : ",\n", s.name.c_str(), world, c.experts, c.hidden, c.ffn,
                  c.top_k, s.tokens_per_rank, fused_router * 1e3, fused_given * 1e3,
                  base_given * 1e3, rel, lsa, dispatch_gbps, enqueue_router * 1e6,
                  enqueue_given * 1e6);
+    if (at_one)
+      std::fprintf(json, ",\"overlap_given\":%.4f,\"overlap_router\":%.4f", overlap_given,
+                   overlap_router);
+    std::fprintf(json, "}");
     first_json = false;
   }
+  return FusedTimes{fused_router, fused_given};
 }
 
 }  // namespace
@@ -339,9 +359,15 @@ int main(int argc, char** argv) {
   try {
     for (auto const& s : scenarios) {
       if (s.name.rfind(only, 0) != 0) continue;  // a prefix ("" takes every scenario)
+      FusedTimes at_one;
+      bool have_one = false;
       for (std::uint32_t world = 1; world <= std::min<std::uint32_t>(max_world, devices);
-           world *= 2)
-        if (s.experts_for(world) % world == 0) run(s, world, iters, json, first, trace_prefix);
+           world *= 2) {
+        if (s.experts_for(world) % world != 0) continue;
+        FusedTimes const t =
+            run(s, world, iters, json, first, trace_prefix, have_one ? &at_one : nullptr);
+        if (world == 1) at_one = t, have_one = true;
+      }
     }
   } catch (loom::Error const& e) {
     std::fprintf(stderr, "%s\n", e.what());
