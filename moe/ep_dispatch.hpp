@@ -127,10 +127,9 @@ struct RouteBlock {
 #endif
 };
 
-// Payload of a send task.
+// Payload of a send task (the tasks are alike: each claims the next chunk of the order).
 struct SendPayload {
   EpView const* view;
-  std::uint32_t task;
 };
 
 // After every route on this rank: the bins' rows go out in the send order (ep_view.hpp), each

@@ -78,7 +78,7 @@ Graph build_ep_graph(EpView const& shape, EpView const* view) {
   // The plan first: its counts message goes ahead of the rows.
   b.add_task(EpPipeline::make<PlanDispatch>(PlanDispatch::Payload{view}), {routed});
   for (std::uint32_t s = 0; s < shape.send_tasks; ++s)
-    b.add_task(EpPipeline::make<SendBlocks>(SendPayload{view, s}, kNoEvent, s), {routed});
+    b.add_task(EpPipeline::make<SendBlocks>(SendPayload{view}, kNoEvent, s), {routed});
   b.set_dynamic_bound(ep_dynamic_bound(shape));
   return b.build();
 }

@@ -176,15 +176,7 @@ struct SendOrder {
   }
   // The position of chunk `c` of the order (start[q] <= c < start[q + 1]).
   LOOM_HD std::uint32_t position_of(EpView const& ep, std::uint32_t c) const {
-    std::uint32_t lo = 0, hi = ep.bins();  // start[lo] <= c < start[hi]
-    while (hi - lo > 1) {
-      std::uint32_t const mid = (lo + hi) / 2;
-      if (start[mid] <= c)
-        lo = mid;
-      else
-        hi = mid;
-    }
-    return lo;
+    return run_of(start, ep.bins(), c);
   }
 };
 

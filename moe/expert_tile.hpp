@@ -129,16 +129,9 @@ __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type
   std::uint32_t const count = groups;
   TileOps const ops = OpsOf(v);
   ctx.emit_many_by_block(tasks, [&](std::uint32_t k) {
-    std::uint32_t lo = 0, hi = count;  // the last group starting at or before k
-    while (hi - lo > 1) {
-      std::uint32_t const mid = (lo + hi) / 2;
-      if (starts[mid] <= k)
-        lo = mid;
-      else
-        hi = mid;
-    }
-    return group_tile(type, v, ops, mtile_group_of(v, done[lo] >> 16, done[lo] & 0xffffu),
-                      k - starts[lo]);
+    std::uint32_t const g = run_of(starts, count, k);  // the group whose tiles k is among
+    return group_tile(type, v, ops, mtile_group_of(v, done[g] >> 16, done[g] & 0xffffu),
+                      k - starts[g]);
   });
 }
 #endif

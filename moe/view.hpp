@@ -172,6 +172,20 @@ LOOM_HD inline std::uint32_t slice_end_chunk(MoEView const& v, std::uint32_t s) 
   std::uint32_t const end = (s + 1) * kRouteSliceChunks, chunks = v.hidden / 32;
   return end < chunks ? end : chunks;
 }
+// Runs of emitted items: run i starts at item starts[i] (ascending, starts[0] == 0, `runs` of
+// them). The run that item k belongs to: the last start at or before k, by binary search.
+LOOM_HD inline std::uint32_t run_of(std::uint32_t const* starts, std::uint32_t runs,
+                                    std::uint32_t k) {
+  std::uint32_t lo = 0, hi = runs;  // starts[lo] <= k < starts[hi] (hi == runs: past the last)
+  while (hi - lo > 1) {
+    std::uint32_t const mid = (lo + hi) / 2;
+    if (starts[mid] <= k)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
 // Elements of the spread route's slice sums (0 when routes are not spread).
 inline std::size_t route_partial_size(MoEView const& v) {
   return v.route_parts > 1 ? std::size_t{v.route_slices} * v.max_tokens * v.experts : 0;

@@ -407,6 +407,26 @@ TEST(CpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
   }
 }
 
+// run_of (the run an emitted item belongs to, as the tile emission and the send order use it):
+// against a linear scan, over random runs with empty ones (repeated starts) among them.
+TEST(RunOf, FindsTheLastRunStartingAtOrBeforeEachItem) {
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (int round = 0; round < 200; ++round) {
+    std::uint32_t const runs = 1 + rng() % 40;
+    std::vector<std::uint32_t> starts(runs + 1, 0);
+    for (std::uint32_t i = 1; i <= runs; ++i) starts[i] = starts[i - 1] + rng() % 4;  // 0: empty
+    for (std::uint32_t k = 0; k < starts[runs]; ++k) {
+      std::uint32_t expected = 0;
+      for (std::uint32_t i = 0; i < runs; ++i)
+        if (starts[i] <= k) expected = i;
+      ASSERT_EQ(run_of(starts.data(), runs, k), expected) << "item " << k;
+      ASSERT_LT(k, starts[expected + 1]) << "item " << k << " past its run";
+    }
+  }
+}
+
 TEST(MoEConfig, ViolationsNameTheConstraint) {
   auto message = [](MoEConfig c) {
     try {
