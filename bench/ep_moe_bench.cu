@@ -213,7 +213,8 @@ FusedTimes run(Scenario const& s, std::uint32_t world, int iters, FILE* json, bo
       std::string const path = trace_prefix + "." + s.name + (given ? "" : "-router") + ".P" +
                                std::to_string(world) + ".r" + std::to_string(r) + ".json";
       std::vector<loom::TraceRecord> const trace = fused.rank(r).executor().take_trace();
-      loom::write_chrome_trace(path, trace, EpPipeline::names, EpPipeline::size);
+      loom::write_chrome_trace(path, trace, EpPipeline::names, EpPipeline::size, kEpMarkNames,
+                               kEpMarkCount);
       if (world == 1 || !given) continue;
       std::uint64_t begin = ~std::uint64_t{0}, end = 0;  // the first send's start to the last's end
       for (auto const& t : trace)

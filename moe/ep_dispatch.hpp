@@ -207,6 +207,7 @@ struct SendBlocks {
         std::uint32_t const extent[2] = {ch.first, ch.rows};
         heap.put_serial(ch.dest, record, extent, sizeof extent);
         heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
+        ctx.trace_mark(kMarkRecordPublished, ch.dest, ch.record);
       }
     }
     finish(ep);
@@ -279,6 +280,7 @@ struct SendBlocks {
         remote->first = ch.first;
         remote->rows = ch.rows;
         heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
+        ctx.trace_mark(kMarkRecordPublished, ch.dest, ch.record);
         *claimed = next;
       }
       __syncthreads();  // the next claim is in, and this chunk's tokens are read

@@ -283,6 +283,7 @@ class EpDecoder {
       }
       // Each gather acquires its record itself (GatherArrivals::acquire_record).
       if (!ctx.emit(encode_task(gather, ChunkPayload{view_, s, next, landed - next}))) return false;
+      ctx.trace_mark(kMarkRecordsTaken, s << 24 | (landed - next), next);
       st.next_chunk[s] = landed;
       progress = true;
     }

@@ -180,6 +180,13 @@ struct SendOrder {
   }
 };
 
+// Marks of a traced launch (TaskContext::trace_mark): a send task published a chunk record
+// (a: the destination, b: the record), and the receiving subscriber took landed records of a
+// source into one gather task (a: source << 24 | records taken, b: the first of them).
+enum EpMark : std::uint16_t { kMarkRecordPublished = 0, kMarkRecordsTaken = 1 };
+inline constexpr char const* kEpMarkNames[] = {"ep_record_published", "ep_records_taken"};
+inline constexpr std::uint32_t kEpMarkCount = 2;
+
 // The symmetric layout for `world` ranks of a layer with this shape.
 inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
                                     std::uint32_t local_experts, SymmetricLayout& layout) {

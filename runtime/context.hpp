@@ -54,6 +54,14 @@ class TaskContext {
     Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
     return loom::arrive(state_, e, epoch_, who_, dog);
   }
+  // A mark in the launch's trace when tracing is on (else nothing): an instant of kind `kind` (a
+  // number of the pipeline's own, below kTraceMark) with two values, on this actor's track.
+  // Device: one thread calls.
+  LOOM_HD void trace_mark(std::uint16_t kind, std::uint32_t a, std::uint32_t b) const {
+    record_mark(state_,
+                who_.actor == Actor::subscriber ? kTraceBySubscriber | who_.block : who_.block,
+                kind, a, b);
+  }
   // The launch's watchdog bound, for actors that time their own waits (0: unbounded).
   LOOM_HD std::uint64_t watchdog_ns() const {
     return state_.watchdog_ns;

@@ -115,6 +115,22 @@ LOOM_HD LOOM_INLINE void record_trace(RuntimeState const& s, Task const& task,
                              static_cast<std::uint32_t>(wait < 0xFFFFFFFFu ? wait : 0xFFFFFFFFu)};
 }
 
+// Appends a mark (kTraceMark: an instant of kind `kind` with values a and b) when tracing is on.
+LOOM_HD LOOM_INLINE void record_mark(RuntimeState const& s, std::uint32_t actor, std::uint16_t kind,
+                                     std::uint32_t a, std::uint32_t b) {
+  if (!s.trace) return;
+  std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
+  if (i >= s.trace_capacity) return;
+  std::uint64_t const t = now_ns();
+  s.trace[i] = TraceRecord{t,
+                           t,
+                           actor,
+                           static_cast<std::uint16_t>(kTraceMark | kind),
+                           static_cast<std::uint16_t>(s.rank),
+                           a,
+                           b};
+}
+
 // After a task: one beat of the heartbeat (fire-and-forget), then the arrival on its event. Local
 // dispatch (keep the first released successor and run it next) is offered only when the policy
 // allows it and the scheduler has handed out every task ever pushed to the ready queue, so a kept

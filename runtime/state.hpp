@@ -66,6 +66,16 @@ struct TraceRecord {
   std::uint32_t wait_ns;  // how long the processor waited for this task (saturates at 4.29 s)
 };
 
+// A record whose type has kTraceMark set is a mark, not a task: an instant that a task body or a
+// decoder recorded (TaskContext::trace_mark), of kind type & ~kTraceMark, with two values in
+// task_id and wait_ns, start_ns == end_ns, and `processor` the actor that recorded it.
+inline constexpr std::uint16_t kTraceMark = 0x8000;
+// A mark whose `processor` has this bit set was recorded by subscriber `processor & ~bit`.
+inline constexpr std::uint32_t kTraceBySubscriber = 0x80000000u;
+LOOM_HD constexpr bool is_trace_mark(TraceRecord const& r) {
+  return (r.type & kTraceMark) != 0;
+}
+
 struct RuntimeState {
   GraphView graph;
   std::uint64_t* event_arrivals;  // [event_count] monotonic: fires at epoch * expected

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <sstream>
 
 #include "runtime/error.hpp"
@@ -25,7 +26,8 @@ std::uint64_t median_of(std::vector<std::uint64_t>& v) {
 }  // namespace
 
 std::string chrome_trace_json(std::vector<TraceRecord> const& records,
-                              char const* const* type_names, std::uint32_t type_count) {
+                              char const* const* type_names, std::uint32_t type_count,
+                              char const* const* mark_names, std::uint32_t mark_count) {
   std::uint64_t origin = ~std::uint64_t{0};
   for (auto const& r : records) origin = std::min(origin, r.start_ns);
   std::ostringstream os;
@@ -36,6 +38,18 @@ std::string chrome_trace_json(std::vector<TraceRecord> const& records,
   for (auto const& r : records) {
     if (!first) os << ",";
     first = false;
+    if (is_trace_mark(r)) {
+      std::uint16_t const kind = r.type & ~kTraceMark;
+      std::uint32_t const track = (r.processor & kTraceBySubscriber) != 0
+                                      ? 1000000 + (r.processor & ~kTraceBySubscriber)
+                                      : r.processor;
+      os << "\n{\"name\":\""
+         << (kind < mark_count ? std::string(mark_names[kind]) : "mark " + std::to_string(kind))
+         << "\",\"cat\":\"mark\",\"ph\":\"i\",\"s\":\"t\",\"pid\":" << r.rank
+         << ",\"tid\":" << track << ",\"ts\":" << (r.start_ns - origin) / 1000.0
+         << ",\"args\":{\"a\":" << r.task_id << ",\"b\":" << r.wait_ns << "}}";
+      continue;
+    }
     std::string const name = type_name(r.type, type_names, type_count);
     os << "\n{\"name\":\"" << name << "\",\"cat\":\"task\",\"ph\":\"X\",\"pid\":" << r.rank
        << ",\"tid\":" << r.processor << ",\"ts\":" << (r.start_ns - origin) / 1000.0
@@ -46,7 +60,11 @@ std::string chrome_trace_json(std::vector<TraceRecord> const& records,
   return os.str();
 }
 
-std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& records) {
+std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& all) {
+  std::vector<TraceRecord> records;
+  records.reserve(all.size());
+  std::copy_if(all.begin(), all.end(), std::back_inserter(records),
+               [](TraceRecord const& r) { return !is_trace_mark(r); });
   if (records.empty()) return {};
   std::uint64_t origin = ~std::uint64_t{0};
   for (auto const& r : records) origin = std::min(origin, r.start_ns);
@@ -159,10 +177,11 @@ std::string format_trace_summary(std::vector<TraceTypeSummary> const& summary,
 }
 
 void write_chrome_trace(std::string const& path, std::vector<TraceRecord> const& records,
-                        char const* const* type_names, std::uint32_t type_count) {
+                        char const* const* type_names, std::uint32_t type_count,
+                        char const* const* mark_names, std::uint32_t mark_count) {
   std::ofstream out(path);
   if (!out) throw Error("loom: cannot open trace file '" + path + "' for writing");
-  out << chrome_trace_json(records, type_names, type_count);
+  out << chrome_trace_json(records, type_names, type_count, mark_names, mark_count);
   if (!out) throw Error("loom: writing trace file '" + path + "' failed");
 }
 

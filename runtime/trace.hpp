@@ -9,12 +9,18 @@
 
 namespace loom {
 
-// Writes `records` as Chrome-trace JSON; `type_names` names the task types. Throws on I/O error.
+// Writes `records` as Chrome-trace JSON; `type_names` names the task types. Marks
+// (is_trace_mark) become instant events ("ph":"i") with their values as args a and b, on the
+// track of the processor that recorded them (a subscriber's on track 1000000 + its index), named
+// by `mark_names` (kind < mark_count) or "mark <kind>". Throws on I/O error.
 void write_chrome_trace(std::string const& path, std::vector<TraceRecord> const& records,
-                        char const* const* type_names, std::uint32_t type_count);
+                        char const* const* type_names, std::uint32_t type_count,
+                        char const* const* mark_names = nullptr, std::uint32_t mark_count = 0);
 
 std::string chrome_trace_json(std::vector<TraceRecord> const& records,
-                              char const* const* type_names, std::uint32_t type_count);
+                              char const* const* type_names, std::uint32_t type_count,
+                              char const* const* mark_names = nullptr,
+                              std::uint32_t mark_count = 0);
 
 // One task type of a trace: how many of its tasks ran, when (ns after the trace's first task
 // began: the first start, the last start, the last end), the median duration, the median wait
@@ -39,8 +45,8 @@ struct TraceTypeSummary {
   std::uint32_t tracks;
 };
 
-// The types of `records` in the order of their first start. Medians of an even count are the
-// upper middle value.
+// The task types of `records` (marks left out) in the order of their first start. Medians of an
+// even count are the upper middle value.
 std::vector<TraceTypeSummary> summarize_trace(std::vector<TraceRecord> const& records);
 
 // The summary as a table, a line per type, times in µs (processor time in ms), then the use of

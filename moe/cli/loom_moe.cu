@@ -423,9 +423,13 @@ int main(int argc, char** argv) {
         char const* const* names = ranks > 1 ? EpPipeline::names : MoEPipeline::names;
         std::size_t const types = ranks > 1 ? EpPipeline::size : MoEPipeline::size;
         auto const& records = r.traces[q];
-        loom::write_chrome_trace(path, records, names, types);
+        loom::write_chrome_trace(path, records, names, types, ranks > 1 ? kEpMarkNames : nullptr,
+                                 ranks > 1 ? kEpMarkCount : 0);
+        std::size_t const marks = static_cast<std::size_t>(
+            std::count_if(records.begin(), records.end(), loom::is_trace_mark));
         std::printf(
-            "trace: %zu tasks written to %s\n%s", records.size(), path.c_str(),
+            "trace: %zu tasks and %zu marks written to %s\n%s", records.size() - marks, marks,
+            path.c_str(),
             loom::format_trace_summary(loom::summarize_trace(records), names, types).c_str());
       }
     }

@@ -14,6 +14,7 @@
 #include "moe/ep_cpu_layer.hpp"
 #include "moe/ep_dispatch.hpp"
 #include "moe/reference.hpp"
+#include "runtime/state.hpp"
 
 namespace {
 
@@ -148,6 +149,79 @@ TEST(EpCpu, SendTasksCarrySeveralChunksEach) {
       auto const wts = layer.topk_weights(r);
       auto const ref = reference_moe(c, w, ranks[r].x.data(), n, ids.data(), wts.data());
       EXPECT_LT(relative_error(ranks[r].out, ref), 1e-2) << "call " << call << ", rank " << r;
+    }
+  }
+}
+
+// A traced call records a mark for every chunk record a send task publishes and for every run of
+// records the receiving subscriber takes: on each destination, the runs taken from a source cover
+// exactly the records that source published to it, once each, and each is taken after it was
+// published (the virtual ranks share one clock).
+TEST(EpCpu, TracedCallsMarkEveryRecordPublishedAndTaken) {
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (std::uint32_t world : {2u, 4u}) {
+    MoEConfig const c = ep_config(4 * world, 2, 200);
+    loom::CpuOptions o = ep_options(world);
+    o.trace_capacity = 1u << 16;
+    MoEWeights const w = random_weights(c, seed);
+    CpuEpMoELayer layer(c, w, world, o);
+    std::vector<RankData> ranks(world);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      ranks[r].x = random_tokens(c, c.max_tokens - 13 * r, seed + r);
+      ranks[r].out = poisoned(ranks[r].x.size());
+    }
+    for (int call = 0; call < 2; ++call) {
+      for (std::uint32_t r = 0; r < world; ++r) layer.executor().take_trace(r);
+      layer.forward(calls_for(ranks, false));
+      // published[s][d][record] and taken[d][s][record]: when (0: never).
+      using Times = std::vector<std::vector<std::vector<std::uint64_t>>>;
+      Times published(world, std::vector<std::vector<std::uint64_t>>(world));
+      Times taken(world, std::vector<std::vector<std::uint64_t>>(world));
+      std::uint32_t tasks = 0;
+      for (std::uint32_t r = 0; r < world; ++r) {
+        for (loom::TraceRecord const& t : layer.executor().take_trace(r)) {
+          if (!loom::is_trace_mark(t)) {
+            ++tasks;
+            continue;
+          }
+          ASSERT_EQ(t.rank, r);
+          std::uint16_t const kind = t.type & ~loom::kTraceMark;
+          if (kind == kMarkRecordPublished) {
+            auto& at = published[r][t.task_id];
+            if (at.size() <= t.wait_ns) at.resize(t.wait_ns + 1, 0);
+            EXPECT_EQ(at[t.wait_ns], 0u) << "published twice: " << r << " -> " << t.task_id;
+            at[t.wait_ns] = t.start_ns;
+            EXPECT_EQ(t.processor & loom::kTraceBySubscriber, 0u) << "by a send task";
+          } else {
+            ASSERT_EQ(kind, kMarkRecordsTaken);
+            EXPECT_NE(t.processor & loom::kTraceBySubscriber, 0u) << "by the subscriber";
+            std::uint32_t const source = t.task_id >> 24, count = t.task_id & 0xFFFFFFu;
+            ASSERT_LT(source, world);
+            ASSERT_GT(count, 0u);
+            auto& at = taken[r][source];
+            if (at.size() < t.wait_ns + count) at.resize(t.wait_ns + count, 0);
+            for (std::uint32_t i = t.wait_ns; i < t.wait_ns + count; ++i) {
+              EXPECT_EQ(at[i], 0u) << "taken twice: " << source << " -> " << r << " record " << i;
+              at[i] = t.start_ns;
+            }
+          }
+        }
+      }
+      EXPECT_GT(tasks, 0u);
+      for (std::uint32_t s = 0; s < world; ++s)
+        for (std::uint32_t d = 0; d < world; ++d) {
+          SCOPED_TRACE("call " + std::to_string(call) + ", " + std::to_string(s) + " -> " +
+                       std::to_string(d));
+          auto const& pub = published[s][d];
+          auto const& got = taken[d][s];
+          EXPECT_FALSE(pub.empty());
+          ASSERT_EQ(got.size(), pub.size());
+          for (std::size_t i = 0; i < pub.size(); ++i) {
+            EXPECT_NE(pub[i], 0u) << "record " << i << " never published";
+            EXPECT_GE(got[i], pub[i]) << "record " << i << " taken before it was published";
+          }
+        }
     }
   }
 }

@@ -98,6 +98,37 @@ TEST(TraceSummary, SeparatesTheFirstWaveFromTheRest) {
   EXPECT_NE(table.find("11.0 us"), std::string::npos);
 }
 
+// Marks (kTraceMark) stay out of the summary and become instant events in the JSON, on their
+// processor's track or, from a subscriber, on track 1000000 + its index.
+TEST(TraceSummary, MarksAreInstantsOutsideTheSummary) {
+  std::vector<TraceRecord> records = {rec(1, 0, 0, 0, 10, 0), rec(1, 0, 1, 2, 8, 0)};
+  TraceRecord mark = rec(kTraceMark | 1, 0, 1, 5, 5, 0);
+  mark.task_id = 7;
+  mark.wait_ns = 42;
+  records.push_back(mark);
+  mark.type = kTraceMark | 3;
+  mark.processor = kTraceBySubscriber | 1;
+  records.push_back(mark);
+  EXPECT_TRUE(is_trace_mark(records[2]));
+  EXPECT_FALSE(is_trace_mark(records[0]));
+  std::vector<TraceTypeSummary> const s = summarize_trace(records);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].count, 2u);
+  EXPECT_EQ(s[0].tracks, 2u);
+  char const* const types[] = {"zero", "one"};
+  char const* const marks[] = {"m0", "m1"};
+  std::string const json = chrome_trace_json(records, types, 2, marks, 2);
+  EXPECT_NE(json.find("{\"name\":\"m1\",\"cat\":\"mark\",\"ph\":\"i\",\"s\":\"t\",\"pid\":0,"
+                      "\"tid\":1,\"ts\":5.000,\"args\":{\"a\":7,\"b\":42}}"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"name\":\"mark 3\",\"cat\":\"mark\",\"ph\":\"i\",\"s\":\"t\",\"pid\":0,"
+                      "\"tid\":1000001"),
+            std::string::npos)
+      << json;
+  EXPECT_EQ(json.find("\"name\":\"m1\",\"cat\":\"task\""), std::string::npos);
+}
+
 TEST(TraceSummary, CoversEveryTaskOfALaunch) {
   // 100 independent tasks then a chain of two: the same Stamp type, every task counted once.
   Recorder r(102);
