@@ -10,10 +10,14 @@ and prints, per file:
     source, so that the tables show when each peer's chunk records left this rank and when this
     rank took each peer's records.
 
+  - with --late N: per destination, the N records this rank published last (time, record, the
+    processor that sent it), and per source the runs of records taken, in order: a source's
+    prefix of landed records is held by the record that lands last.
+
 Times are µs after the file's first event. Each file is read on its own: the GPUs' clocks are
 not aligned with each other.
 
-usage: trace_report.py [--bin US] [--from US] [--to US] TRACE.json...
+usage: trace_report.py [--bin US] [--from US] [--to US] [--late N] TRACE.json...
 """
 import argparse
 import json
@@ -39,7 +43,22 @@ def load(path):
     return tasks, marks
 
 
-def report(path, bin_us, t_from, t_to, out):
+def late_records(marks, n, out):
+    published = [m for m in marks if m["name"] == "ep_record_published"]
+    for d in sorted({m["args"]["a"] for m in published}):
+        ms = sorted((m for m in published if m["args"]["a"] == d), key=lambda m: m["ts"])
+        out.write(f"  records published to {d}: {len(ms)}, the last {min(n, len(ms))}:"
+                  + "".join(f" {m['args']['b']}@{m['ts']:.1f}us(p{m['tid']})" for m in ms[-n:])
+                  + "\n")
+    taken = [m for m in marks if m["name"] == "ep_records_taken"]
+    for src in sorted({m["args"]["a"] >> 24 for m in taken}):
+        ms = sorted((m for m in taken if m["args"]["a"] >> 24 == src), key=lambda m: m["ts"])
+        out.write(f"  records taken from {src}, in runs (first+count@time):"
+                  + "".join(f" {m['args']['b']}+{m['args']['a'] & 0xFFFFFF}@{m['ts']:.1f}us"
+                            for m in ms) + "\n")
+
+
+def report(path, bin_us, t_from, t_to, late, out):
     tasks, marks = load(path)
     if not tasks:
         out.write(f"== {path}: no tasks\n")
@@ -82,6 +101,8 @@ def report(path, bin_us, t_from, t_to, out):
 
     if not marks:
         return
+    if late:
+        late_records(marks, late, out)
     kinds = sorted({m["name"] for m in marks})
     for k in kinds:
         ms = [m for m in marks if m["name"] == k]
@@ -110,12 +131,14 @@ def main():
     p.add_argument("--bin", type=float, default=25.0, help="bin width in µs (default 25)")
     p.add_argument("--from", dest="t_from", type=float, help="first bin's start (µs)")
     p.add_argument("--to", dest="t_to", type=float, help="last bin's end (µs; default: the span)")
+    p.add_argument("--late", type=int, default=0, metavar="N",
+                   help="list the N records published last per destination, and the runs taken")
     a = p.parse_args()
     if a.bin <= 0:
         p.error("--bin must be positive")
     for path in a.traces:
         try:
-            report(path, a.bin, a.t_from, a.t_to, sys.stdout)
+            report(path, a.bin, a.t_from, a.t_to, a.late, sys.stdout)
         except BrokenPipeError:
             return 0
         except (OSError, ValueError, KeyError) as e:
