@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -360,14 +361,13 @@ int main(int argc, char** argv) {
   try {
     for (auto const& s : scenarios) {
       if (s.name.rfind(only, 0) != 0) continue;  // a prefix ("" takes every scenario)
-      FusedTimes at_one;
-      bool have_one = false;
+      std::optional<FusedTimes> at_one;
       for (std::uint32_t world = 1; world <= std::min<std::uint32_t>(max_world, devices);
            world *= 2) {
         if (s.experts_for(world) % world != 0) continue;
         FusedTimes const t =
-            run(s, world, iters, json, first, trace_prefix, have_one ? &at_one : nullptr);
-        if (world == 1) at_one = t, have_one = true;
+            run(s, world, iters, json, first, trace_prefix, at_one ? &*at_one : nullptr);
+        if (world == 1) at_one = t;
       }
     }
   } catch (loom::Error const& e) {

@@ -97,38 +97,45 @@ LOOM_HD LOOM_INLINE bool arrive(RuntimeState const& s, EventId e, std::uint64_t 
                        s.ready, n, [&](std::uint32_t k) { return chunk[k]; }, dog);
 }
 
-// Appends one task's trace record (when tracing is on; records past the capacity are dropped).
-// `asked_ns` is when the processor started waiting for the task, `start_ns` when it began running.
+// Appends the record make() builds, once it has a slot, when tracing is on (records past the
+// capacity are dropped).
+template <class Make>
+LOOM_HD LOOM_INLINE void append_trace(RuntimeState const& s, Make const& make) {
+  if (!s.trace) return;
+  std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
+  if (i < s.trace_capacity) s.trace[i] = make();
+}
+
+// Appends one task's trace record. `asked_ns` is when the processor started waiting for the task,
+// `start_ns` when it began running.
 LOOM_HD LOOM_INLINE void record_trace(RuntimeState const& s, Task const& task,
                                       std::uint32_t processor, std::uint64_t asked_ns,
                                       std::uint64_t start_ns) {
-  if (!s.trace) return;
-  std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
-  std::uint64_t const wait = start_ns - asked_ns;
-  if (i < s.trace_capacity)
-    s.trace[i] = TraceRecord{start_ns,
-                             now_ns(),
-                             processor,
-                             task.header.type,
-                             static_cast<std::uint16_t>(s.rank),
-                             task.header.id,
-                             static_cast<std::uint32_t>(wait < 0xFFFFFFFFu ? wait : 0xFFFFFFFFu)};
+  append_trace(s, [&] {
+    std::uint64_t const wait = start_ns - asked_ns;
+    return TraceRecord{start_ns,
+                       now_ns(),
+                       processor,
+                       task.header.type,
+                       static_cast<std::uint16_t>(s.rank),
+                       task.header.id,
+                       static_cast<std::uint32_t>(wait < 0xFFFFFFFFu ? wait : 0xFFFFFFFFu)};
+  });
 }
 
-// Appends a mark (kTraceMark: an instant of kind `kind` with values a and b) when tracing is on.
+// Appends a mark (kTraceMark: an instant of kind `kind` with values a and b).
 LOOM_HD LOOM_INLINE void record_mark(RuntimeState const& s, std::uint32_t actor, std::uint16_t kind,
                                      std::uint32_t a, std::uint32_t b) {
-  if (!s.trace) return;
-  std::uint64_t const i = fetch_add_relaxed(*s.trace_count, std::uint64_t{1});
-  if (i >= s.trace_capacity) return;
-  std::uint64_t const t = now_ns();
-  s.trace[i] = TraceRecord{t,
-                           t,
-                           actor,
-                           static_cast<std::uint16_t>(kTraceMark | kind),
-                           static_cast<std::uint16_t>(s.rank),
-                           a,
-                           b};
+  append_trace(s, [&] {
+    std::uint64_t const t = now_ns();
+    return TraceRecord{t,
+                       t,
+                       actor,
+                       static_cast<std::uint16_t>(kTraceMark | kind),
+                       static_cast<std::uint16_t>(s.rank),
+                       a,
+                       b};
+  });
 }
 
 // After a task: one beat of the heartbeat (fire-and-forget), then the arrival on its event. Local
