@@ -172,6 +172,7 @@ struct ProcessorLink {
   std::uint32_t credits;    // credits handed over in this launch: the ring to expect
   bool credit_out;          // the scheduler holds this processor's credit
   bool credit_due;          // a prefetch credit is to be given (give_prefetch_credit)
+  bool waiting;             // the last report said it waits for a task (report_waiting)
   TaskRef kept;             // a successor kept by local dispatch, run next
   std::uint64_t taken_ns;   // when the running task was taken
   std::uint64_t last_ns;    // how long the previous task took, taken to finished
@@ -183,22 +184,26 @@ struct ProcessorLink {
     link.me = me;
     link.credits = report_credits(kStartReport);
     link.credit_out = true;
+    link.waiting = true;
     link.kept = kStopRef;
     link.last_ns = kFirstTaskNs;
     return link;
   }
 };
 
-// One store, whatever it reports; the scheduler finds it on its next pass.
-LOOM_HD LOOM_INLINE void send_report(RuntimeState const& s, ProcessorLink& link) {
+// One store, whatever it reports; the scheduler finds it on its next pass. `waiting`: the
+// processor is about to wait on its doorbell with nothing to run.
+LOOM_HD LOOM_INLINE void send_report(RuntimeState const& s, ProcessorLink& link, bool waiting) {
   chaos_point();  // a report late behind the work it counts
   link.reported = link.completed;
-  store_relaxed(s.reports[link.me], report_word(link.credits, link.completed));
+  link.waiting = waiting;
+  store_relaxed(s.reports[link.me], report_word(link.credits, link.completed, waiting));
 }
-LOOM_HD LOOM_INLINE void hand_over_credit(RuntimeState const& s, ProcessorLink& link) {
+LOOM_HD LOOM_INLINE void hand_over_credit(RuntimeState const& s, ProcessorLink& link,
+                                          bool waiting) {
   ++link.credits;
   link.credit_out = true;
-  send_report(s, link);
+  send_report(s, link, waiting);
 }
 
 // The next task to run in `ref`: the kept successor, else the doorbell's ref, waiting for it
@@ -220,10 +225,12 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
     for (std::uint32_t i = 0; link.credit_out && !rung && i < kRingPolls; ++i)
       rung = doorbell_poll(bell, link.credits, ref);
     if (!rung) {
+      // About to wait: the report says so (a prefetch credit said busy), so that the scheduler
+      // hands this processor a task before it hands one to a busy processor.
       if (!link.credit_out)
-        hand_over_credit(s, link);
-      else if (link.completed != link.reported)
-        send_report(s, link);
+        hand_over_credit(s, link, true);
+      else if (link.completed != link.reported || !link.waiting)
+        send_report(s, link, true);
       Heartbeat beat(&s.counters->beat.value);
       if (!doorbell_wait(bell, link.credits, ref, beat, bell_dog)) return false;
     }
@@ -241,7 +248,7 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
 LOOM_HD LOOM_INLINE void give_prefetch_credit(RuntimeState const& s, ProcessorLink& link) {
   if (!link.credit_due) return;
   link.credit_due = false;
-  hand_over_credit(s, link);
+  hand_over_credit(s, link, false);
 }
 
 // After running `task`: counts it and completes it, keeping a released successor when the policy

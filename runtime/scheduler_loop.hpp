@@ -25,6 +25,36 @@ LOOM_HD LOOM_INLINE EventId first_unfired_event(RuntimeState const& s, std::uint
   return kNoEvent;
 }
 
+// Puts the `take` credits to hand out next at the head of the ring of credits held (ring[(head +
+// i) % processors] for i < held), with fewer ready tasks than credits (take < held): those of
+// processors that wait for a task (their last report says so, report_waiting) before prefetch
+// credits of busy ones, ring order within each kind; the credits left keep their order behind
+// them. `scratch` has room for `held` entries. The GPU scheduler's warp does the same
+// (warp::waiting_first).
+LOOM_HD LOOM_INLINE void waiting_first(std::uint64_t* ring, std::uint64_t* scratch,
+                                       std::uint32_t processors, std::uint64_t head,
+                                       std::uint32_t held, std::uint32_t take,
+                                       std::uint64_t const* reports_seen) {
+  auto waiting = [&](std::uint64_t entry) {
+    return report_waiting(reports_seen[idle_processor(entry)]);
+  };
+  std::uint32_t w = 0;
+  for (std::uint32_t i = 0; i < held; ++i) w += waiting(ring[(head + i) % processors]) ? 1 : 0;
+  if (w == 0 || w == held) return;  // one kind: ring order already
+  std::uint32_t const take_waiting = w < take ? w : take, take_busy = take - take_waiting;
+  std::uint32_t n_waiting = 0, n_busy = 0, n_left = 0;
+  for (std::uint32_t i = 0; i < held; ++i) {
+    std::uint64_t const e = ring[(head + i) % processors];
+    bool const is_waiting = waiting(e);
+    std::uint32_t& rank = is_waiting ? n_waiting : n_busy;
+    std::uint32_t const quota = is_waiting ? take_waiting : take_busy;
+    std::uint32_t const first = is_waiting ? 0 : take_waiting;
+    scratch[rank < quota ? first + rank : take + n_left++] = e;
+    ++rank;
+  }
+  for (std::uint32_t i = 0; i < held; ++i) ring[(head + i) % processors] = scratch[i];
+}
+
 // Ends the launch: every actor is told to stop; on success the per-launch counters are cleared and
 // the epoch advances, so the next launch starts clean without the host touching anything. The
 // stops go first: a stopped processor reads none of what follows (the next launch does, after this
@@ -55,12 +85,14 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
 
   // Credits held (processors whose doorbell may be rung), oldest first: s.idle_list is a ring of
   // `processors` entries from idle_head to idle_tail, each the processor and the ring to send.
-  // Oldest first matters with prefetch: a processor that has waited idle gets work before one that
-  // just started a task. It starts with every processor's first credit (kStartReport).
+  // With fewer ready tasks than credits, waiting processors' credits go first (waiting_first),
+  // then the oldest prefetch credits: a processor that started its task long ago is the likelier
+  // to end it soon. It starts with every processor's first credit (kStartReport).
   std::uint64_t idle_head = 0, idle_tail = s.processors;
   for (std::uint32_t p = 0; p < s.processors; ++p)
     s.idle_list[p] = idle_entry(p, report_credits(kStartReport));
-  std::uint64_t completed = 0;  // tasks reported done by processors
+  std::uint64_t completed = 0;           // tasks reported done by processors
+  std::uint32_t waiting = s.processors;  // processors whose last report says they wait
   std::uint64_t ready_pos = load_relaxed(*s.ready.head);
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   store_relaxed(c.drained_at.value, drained_at);
@@ -82,11 +114,17 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
       std::uint64_t const word = load_relaxed(s.reports[p]), seen = s.reports_seen[p];
       if (word == seen) continue;
       completed += report_completed(word) - report_completed(seen);  // modulo 2^32
+      if (report_waiting(word) != report_waiting(seen))
+        report_waiting(word) ? ++waiting : --waiting;
       if (report_credits(word) != report_credits(seen))
         s.idle_list[idle_tail++ % s.processors] = idle_entry(p, report_credits(word));
       s.reports_seen[p] = word;
       progress = true;
     }
+    if (waiting != 0 && !ready.empty() && ready.size() < idle_tail - idle_head)
+      waiting_first(s.idle_list, s.idle_list + s.processors, s.processors, idle_head,
+                    static_cast<std::uint32_t>(idle_tail - idle_head),
+                    static_cast<std::uint32_t>(ready.size()), s.reports_seen);
     while (idle_tail != idle_head && !ready.empty()) {
       std::uint64_t const idle = s.idle_list[idle_head++ % s.processors];
       doorbell_ring(s.doorbells[idle_processor(idle)], idle_ring(idle), ready.pop());

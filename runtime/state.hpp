@@ -86,9 +86,10 @@ struct RuntimeState {
   std::uint64_t* reports;     // [processors] report words (report_word), one writer each
   Doorbell* doorbells;        // [processors]
   std::uint32_t* ready_list;  // scheduler-private: [kReadyRings][task capacity], roots first
-  // Scheduler-private, [processors] each (the GPU scheduler keeps them in the OS block's shared
-  // memory when it holds them: SchedulerPrivate): the credits held (idle_entry), a ring, and
-  // the report word last taken in from each processor.
+  // Scheduler-private (the GPU scheduler keeps them in the OS block's shared memory when it holds
+  // them: SchedulerPrivate): the credits held (idle_entry), a ring of [processors] followed by
+  // [processors] entries of room to reorder it (waiting_first), and the report word last taken
+  // in from each processor, [processors].
   std::uint64_t* idle_list;
   std::uint64_t* reports_seen;
   ErrorRecord* error;
@@ -115,32 +116,45 @@ inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
 
 // A processor's report to the scheduler is one word of its own, rewritten whole with a plain
 // store (no queue, no ticket, nothing to wait for): the credits it has handed over in this launch
-// in the high 32 bits, the tasks it has completed in the low 32. The scheduler reads every word in
-// each pass and takes in the difference to the word it saw last: completed tasks, and a new
-// credit when the credit count moved. A processor has one credit: a credit means its doorbell may
-// be rung, and the scheduler answers a processor's n-th credit with its n-th ring (the ring
-// carries n, so the processor needs no store to empty its doorbell). Without prefetch it hands the
-// credit over once its task is done; with prefetch as soon as it takes a task, so the next ring
-// arrives while the task runs. A processor prefetches when its previous task ran at least
-// prefetch_after_ns (a launch's first task counts as following a long one, kFirstTaskNs): long
-// tasks hide the scheduler's round trip, and short ones would only double the reports the
-// scheduler handles. A report without a new credit only brings the count up to date.
+// in bits 32-62, whether it is waiting for a task in bit 63, the tasks it has completed in the low
+// 32. The scheduler reads every word in each pass and takes in the difference to the word it saw
+// last: completed tasks, and a new credit when the credit count moved. A processor has one
+// credit: a credit means its doorbell may be rung, and the scheduler answers a processor's n-th
+// credit with its n-th ring (the ring carries n, so the processor needs no store to empty its
+// doorbell). Without prefetch it hands the credit over once its task is done; with prefetch as
+// soon as it takes a task, so the next ring arrives while the task runs. A processor prefetches
+// when its previous task ran at least prefetch_after_ns (a launch's first task counts as following
+// a long one, kFirstTaskNs): long tasks hide the scheduler's round trip, and short ones would only
+// double the reports the scheduler handles. A report without a new credit brings the count up to
+// date, or says that the processor now waits.
+//
+// The waiting bit tells the credits of idle processors from prefetch credits: a processor sets it
+// in the report it sends as it starts to wait on its doorbell, and clears it in the prefetch
+// credit it hands over as it starts a task. When there are fewer ready tasks than credits held,
+// the scheduler hands them to waiting processors first (waiting_first): a task rung on a prefetch
+// credit waits until the task its processor runs has ended, which for a long task (a send that
+// streams for 150 us) left the other processors idle while the tasks queued behind it.
 //
 // A launch starts with every processor's first credit already handed over: each word reads
-// kStartReport (one credit, nothing completed), the scheduler starts holding credit 1 of every
-// processor and rings the roots at once, and each processor starts waiting for ring 1. So the
-// first tasks go out without a report's round trip. The scheduler puts the words back to
+// kStartReport (one credit, nothing completed, waiting), the scheduler starts holding credit 1 of
+// every processor and rings the roots at once, and each processor starts waiting for ring 1. So
+// the first tasks go out without a report's round trip. The scheduler puts the words back to
 // kStartReport when a launch ends well; the host re-initialises them after a failed one.
 inline constexpr std::uint32_t kMaxProcessors = 1u << 16;
-LOOM_HD constexpr std::uint64_t report_word(std::uint32_t credits, std::uint32_t completed) {
-  return (std::uint64_t{credits} << 32) | completed;
+inline constexpr std::uint64_t kReportWaiting = std::uint64_t{1} << 63;
+LOOM_HD constexpr std::uint64_t report_word(std::uint32_t credits, std::uint32_t completed,
+                                            bool waiting) {
+  return (waiting ? kReportWaiting : 0) | (std::uint64_t{credits} << 32) | completed;
 }
-inline constexpr std::uint64_t kStartReport = report_word(1, 0);
+inline constexpr std::uint64_t kStartReport = report_word(1, 0, true);
 LOOM_HD LOOM_INLINE std::uint32_t report_credits(std::uint64_t word) {
-  return static_cast<std::uint32_t>(word >> 32);
+  return static_cast<std::uint32_t>((word & ~kReportWaiting) >> 32);
 }
 LOOM_HD LOOM_INLINE std::uint32_t report_completed(std::uint64_t word) {
   return static_cast<std::uint32_t>(word);
+}
+LOOM_HD LOOM_INLINE bool report_waiting(std::uint64_t word) {
+  return (word & kReportWaiting) != 0;
 }
 // A credit the scheduler holds: the processor and the ring that answers it.
 LOOM_HD LOOM_INLINE std::uint64_t idle_entry(std::uint32_t processor, std::uint32_t ring) {

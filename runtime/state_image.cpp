@@ -44,7 +44,7 @@ StateLayout::StateLayout(Graph const& graph, StateOptions const& options)
   reports_ = take(options.processors * sizeof(std::uint64_t), 128);
   doorbells_ = take(options.processors * sizeof(Doorbell));
   ready_list_ = take(std::size_t{kReadyRings} * queue_capacity * sizeof(std::uint32_t));
-  idle_list_ = take(options.processors * sizeof(std::uint64_t));
+  idle_list_ = take(2 * std::size_t{options.processors} * sizeof(std::uint64_t));
   reports_seen_ = take(options.processors * sizeof(std::uint64_t));
   error_ = take(sizeof(ErrorRecord));
   trace_ = take(options.trace_capacity * sizeof(TraceRecord));

@@ -20,11 +20,11 @@ namespace loom {
 // SM, and the pass's fences do not wait for their stores.
 struct SchedulerPrivate {
   std::uint64_t* reports_seen;  // [processors]
-  std::uint64_t* idle_list;     // [processors], a ring
+  std::uint64_t* idle_list;     // [processors], a ring, then [processors] of room (waiting_first)
 
   __device__ static SchedulerPrivate in(RuntimeState const& s, void* shared,
                                         std::uint32_t shared_bytes) {
-    if (shared != nullptr && shared_bytes >= 2 * s.processors * sizeof(std::uint64_t)) {
+    if (shared != nullptr && shared_bytes >= 3 * s.processors * sizeof(std::uint64_t)) {
       auto* const words = static_cast<std::uint64_t*>(shared);
       return {words, words + s.processors};
     }
@@ -98,13 +98,14 @@ __device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& h
 }
 
 // Takes in the processors' report words (see report_word), 32 x kScanLoads per round trip to
-// memory: adds the tasks they completed to `completed` and appends their new credits to the idle
-// ring at `idle_tail`, whose slot is `idle_tail_slot`, in processor order. True when any word
-// moved. Whole warp; processor p is always lane p % 32's, so each lane reads back only its own
-// reports_seen.
+// memory: adds the tasks they completed to `completed`, keeps `waiting` the number of processors
+// whose last report says they wait, and appends their new credits to the idle ring at `idle_tail`,
+// whose slot is `idle_tail_slot`, in processor order. True when any word moved. Whole warp;
+// processor p is always lane p % 32's, so each lane reads back only its own reports_seen.
 inline constexpr std::uint32_t kScanLoads = 8;
 __device__ __forceinline__ bool scan_reports(RuntimeState const& s, SchedulerPrivate const& own,
-                                             std::uint64_t& completed, std::uint64_t& idle_tail,
+                                             std::uint64_t& completed, std::uint32_t& waiting,
+                                             std::uint64_t& idle_tail,
                                              std::uint32_t& idle_tail_slot) {
   unsigned const lane = lane_id();
   bool moved = false;
@@ -116,12 +117,14 @@ __device__ __forceinline__ bool scan_reports(RuntimeState const& s, SchedulerPri
       word[k] = p < s.processors ? load_relaxed(s.reports[p]) : 0;
       seen[k] = p < s.processors ? own.reports_seen[p] : 0;
     }
-    std::uint32_t done = 0;
+    std::uint32_t done = 0, now_waiting = 0, was_waiting = 0;
     bool changed = false;
 #pragma unroll
     for (std::uint32_t k = 0; k < kScanLoads; ++k) {
       std::uint32_t const p = base + 32 * k + lane;
       done += report_completed(word[k]) - report_completed(seen[k]);  // modulo 2^32
+      now_waiting += report_waiting(word[k]) ? 1 : 0;
+      was_waiting += report_waiting(seen[k]) ? 1 : 0;
       bool const credit = report_credits(word[k]) != report_credits(seen[k]);
       unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
       if (credit)
@@ -135,9 +138,58 @@ __device__ __forceinline__ bool scan_reports(RuntimeState const& s, SchedulerPri
       }
     }
     completed += __reduce_add_sync(0xFFFFFFFFu, done);
+    waiting +=
+        __reduce_add_sync(0xFFFFFFFFu, now_waiting) - __reduce_add_sync(0xFFFFFFFFu, was_waiting);
     moved = __any_sync(0xFFFFFFFFu, changed) || moved;
   }
   return moved;
+}
+
+// waiting_first (scheduler_loop.hpp) for the warp: of the `held` credits from ring slot
+// `head_slot`, the `take` < held to hand out next go to the head, waiting processors' first, ring
+// order within each kind, the others behind in ring order; 32 entries per step, through the room
+// after the ring. Whole warp; `held` and `take` warp-uniform.
+__device__ __forceinline__ void waiting_first(SchedulerPrivate const& own, std::uint32_t processors,
+                                              std::uint32_t head_slot, std::uint32_t held,
+                                              std::uint32_t take) {
+  unsigned const lane = lane_id();
+  std::uint64_t* const ring = own.idle_list;
+  std::uint64_t* const room = own.idle_list + processors;
+  // Entry i of the held credits in `entry`, and whether its processor waits.
+  auto load = [&](std::uint32_t i, std::uint64_t& entry) {
+    if (i >= held) return false;
+    entry = ring[ring_slot(head_slot, i, processors)];
+    return report_waiting(own.reports_seen[idle_processor(entry)]);
+  };
+  std::uint32_t waiting = 0;
+  for (std::uint32_t base = 0; base < held; base += 32) {
+    std::uint64_t entry;
+    waiting += __popc(__ballot_sync(0xFFFFFFFFu, load(base + lane, entry)));
+  }
+  if (waiting == 0 || waiting == held) return;  // one kind: ring order already
+  std::uint32_t const take_waiting = waiting < take ? waiting : take;
+  std::uint32_t const take_busy = take - take_waiting;
+  std::uint32_t n_waiting = 0, n_busy = 0, n_left = 0;
+  for (std::uint32_t base = 0; base < held; base += 32) {
+    std::uint64_t entry = 0;
+    bool const valid = base + lane < held, is_waiting = load(base + lane, entry);
+    unsigned const waiting_lanes = __ballot_sync(0xFFFFFFFFu, valid && is_waiting);
+    unsigned const busy_lanes = __ballot_sync(0xFFFFFFFFu, valid && !is_waiting);
+    std::uint32_t const rank = is_waiting ? n_waiting + __popc(waiting_lanes & lanes_below())
+                                          : n_busy + __popc(busy_lanes & lanes_below());
+    bool const taken = valid && rank < (is_waiting ? take_waiting : take_busy);
+    unsigned const left_lanes = __ballot_sync(0xFFFFFFFFu, valid && !taken);
+    if (valid)
+      room[taken ? (is_waiting ? 0 : take_waiting) + rank
+                 : take + n_left + __popc(left_lanes & lanes_below())] = entry;
+    n_waiting += __popc(waiting_lanes);
+    n_busy += __popc(busy_lanes);
+    n_left += __popc(left_lanes);
+  }
+  __syncwarp();
+  for (std::uint32_t i = lane; i < held; i += 32)
+    ring[ring_slot(head_slot, i, processors)] = room[i];
+  __syncwarp();
 }
 
 }  // namespace warp
@@ -260,7 +312,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
   std::uint32_t ready_head_slot = static_cast<std::uint32_t>(ready_head % s.ready.capacity);
-  // Credits held, oldest first: a ring in own.idle_list (see scheduler_loop.hpp), starting with
+  // Credits held, oldest first but waiting processors' ahead of prefetch credits when not all
+  // are rung (waiting_first): a ring in own.idle_list (see scheduler_loop.hpp), starting with
   // every processor's first credit (kStartReport).
   for (std::uint32_t p = lane; p < s.processors; p += 32) {
     own.reports_seen[p] = kStartReport;
@@ -270,6 +323,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
   std::uint64_t idle_head_pos = 0, idle_tail_pos = s.processors;
   std::uint32_t idle_head_slot = 0, idle_tail_slot = 0;  // the positions % processors
   std::uint64_t completed = 0;                           // tasks reported done
+  std::uint32_t waiting = s.processors;    // processors whose last report says they wait
   std::uint64_t drained_at = kNotDrained;  // last value published in counters.drained_at
   if (lane == 0) store_relaxed(c.drained_at.value, drained_at);
   Watchdog dog(*s.error, who, s.watchdog_ns, WaitSite::scheduler_progress, 0);
@@ -279,6 +333,10 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
   // it rang any.
   auto ring_idle = [&] {
     if (idle_tail_pos == idle_head_pos || ready.size() == 0) return false;
+    if (waiting != 0 && ready.size() < idle_tail_pos - idle_head_pos)
+      warp::waiting_first(own, s.processors, idle_head_slot,
+                          static_cast<std::uint32_t>(idle_tail_pos - idle_head_pos),
+                          static_cast<std::uint32_t>(ready.size()));
     warp::fence_release();
     while (idle_tail_pos != idle_head_pos && ready.size() > 0) {
       std::uint64_t const idle = idle_tail_pos - idle_head_pos, r = ready.size();
@@ -317,7 +375,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
     if (lane == 1) word = load_relaxed(c.retired.value);
     if (lane == 2) word = load_relaxed(c.dynamic_emitted.value);
     if (lane == 3) word = load_relaxed(c.subscribers_in.value);
-    if (warp::scan_reports(s, own, completed, idle_tail_pos, idle_tail_slot)) progress = true;
+    if (warp::scan_reports(s, own, completed, waiting, idle_tail_pos, idle_tail_slot))
+      progress = true;
     // FIFO takes ready entries only until the list covers the credits held and a batch more: a
     // backlog of a thousand emitted tiles is moved over while the processors already run the
     // first ones, not before (draining it first left every processor idle for ~40 µs). A policy

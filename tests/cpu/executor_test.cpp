@@ -6,7 +6,9 @@
 #include <numeric>
 #include <thread>
 
+#include "runtime/scheduler_loop.hpp"
 #include "tests/cpu/test_graphs.hpp"
+#include "tests/hold_task.hpp"
 #include "tests/wave_task.hpp"
 
 namespace loom::test {
@@ -103,6 +105,66 @@ TEST_F(Executor, TwoWavesOfEqualTasksGiveEveryProcessorTwo) {
     ASSERT_EQ(timed_out, 0u) << "the first wave never started together";
     for (std::uint32_t p = 0; p < processors; ++p)
       EXPECT_EQ(ran[p], 2u) << "processor " << p << ", launch " << launch;
+  }
+}
+
+// With fewer ready tasks than credits held, the scheduler hands them to waiting processors
+// first (waiting_first): on a ring of eight credits from position 6 of 8 (it wraps), busy and
+// waiting processors mixed, each number of tasks takes the waiting ones in ring order, then the
+// busy ones in ring order, and leaves the rest behind in ring order.
+TEST(WaitingFirst, WaitingProcessorsFirstThenBusyOnesEachInRingOrder) {
+  constexpr std::uint32_t processors = 8;
+  // Processor p's credit, in ring order from the head: 5 3 0 6 1 7 2 4; waiting: 0, 1, 2 and 4.
+  std::uint32_t const order[processors] = {5, 3, 0, 6, 1, 7, 2, 4};
+  std::uint64_t seen[processors];
+  for (std::uint32_t p = 0; p < processors; ++p)
+    seen[p] = report_word(p + 2, 0, p == 0 || p == 1 || p == 2 || p == 4);
+  constexpr std::uint64_t head = 6;
+  std::uint32_t const want[][processors] = {{0, 5, 3, 6, 1, 7, 2, 4}, {0, 1, 5, 3, 6, 7, 2, 4},
+                                            {0, 1, 2, 5, 3, 6, 7, 4}, {0, 1, 2, 4, 5, 3, 6, 7},
+                                            {0, 1, 2, 4, 5, 3, 6, 7}, {0, 1, 2, 4, 5, 3, 6, 7},
+                                            {0, 1, 2, 4, 5, 3, 6, 7}};
+  for (std::uint32_t take = 1; take < processors; ++take) {
+    SCOPED_TRACE("take " + std::to_string(take));
+    std::uint64_t ring[2 * processors];
+    for (std::uint32_t i = 0; i < processors; ++i)
+      ring[(head + i) % processors] = idle_entry(order[i], order[i] + 2);
+    waiting_first(ring, ring + processors, processors, head, processors, take, seen);
+    for (std::uint32_t i = 0; i < processors; ++i) {
+      std::uint64_t const e = ring[(head + i) % processors];
+      ASSERT_EQ(idle_processor(e), want[take - 1][i]) << "position " << i;
+      ASSERT_EQ(idle_ring(e), idle_processor(e) + 2) << "position " << i;
+    }
+  }
+  // One kind only: ring order stays.
+  for (bool waiting : {false, true}) {
+    for (std::uint32_t p = 0; p < processors; ++p) seen[p] = report_word(p + 2, 0, waiting);
+    std::uint64_t ring[2 * processors];
+    for (std::uint32_t i = 0; i < processors; ++i) ring[i] = idle_entry(order[i], order[i] + 2);
+    waiting_first(ring, ring + processors, processors, 0, processors, 3, seen);
+    for (std::uint32_t i = 0; i < processors; ++i) ASSERT_EQ(idle_processor(ring[i]), order[i]);
+  }
+}
+
+// A task emitted by a long task while the other processors wait runs on one of them, not behind
+// the long task on its prefetch credit (tests/hold_task.hpp).
+using HoldPipeline = Pipeline<Hold>;
+
+TEST(WaitingFirst, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
+  constexpr std::uint32_t processors = 4;
+  std::uint32_t shorts_done = 0, emitted_ran = 0, outcome = 0;
+  Hold::Payload p{Hold::kLong, processors - 1, &shorts_done, &emitted_ran,
+                  &outcome,    20'000,         5'000'000};
+  GraphBuilder b;
+  b.add_task(HoldPipeline::make<Hold>(p));
+  p.role = Hold::kShort;
+  for (std::uint32_t i = 1; i < processors; ++i) b.add_task(HoldPipeline::make<Hold>(p));
+  b.set_dynamic_bound(1);
+  CpuExecutor<HoldPipeline> ex(one_rank(b.build()), options_with(processors));
+  for (int launch = 0; launch < 3; ++launch) {
+    shorts_done = emitted_ran = outcome = 0;
+    ex.run(SchedulingPolicy::fifo);
+    ASSERT_EQ(outcome, std::uint32_t{Hold::kRanWhileHeld}) << "launch " << launch;
   }
 }
 

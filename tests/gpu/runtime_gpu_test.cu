@@ -13,6 +13,7 @@
 #include "runtime/runtime.hpp"
 #include "tasks/empty.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
+#include "tests/hold_task.hpp"
 #include "tests/wave_task.hpp"
 
 namespace loom_gpu_test {
@@ -121,6 +122,8 @@ struct Stuck {
 using TestPipeline = loom::Pipeline<loom::tasks::Empty, Stamp, Spawn, Check, FailWhen>;
 using loom::test::Wave;  // tests/wave_task.hpp
 using WavePipeline = loom::Pipeline<Wave>;
+using loom::test::Hold;  // tests/hold_task.hpp
+using HoldPipeline = loom::Pipeline<Hold>;
 using HugePipeline = loom::Pipeline<Huge>;
 using StuckPipeline = loom::Pipeline<Stuck>;
 
@@ -474,6 +477,68 @@ TEST(GpuRuntime, TwoWavesOfEqualTasksGiveEveryProcessorTwo) {
     auto const counts = ran.download();
     for (std::uint32_t p = 0; p < processors; ++p)
       ASSERT_EQ(counts[p], 2u) << "processor " << p << ", launch " << launch;
+  }
+}
+
+// A task emitted by a long task while the other processors wait runs on one of them, not behind
+// the long task on its prefetch credit (tests/hold_task.hpp): the scheduler warp hands tasks to
+// waiting processors first.
+TEST(GpuRuntime, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
+  LOOM_REQUIRE_GPU();
+  std::uint32_t const processors = loom::GpuExecutor<HoldPipeline>::launch_shape().grid - 1;
+  loom::DeviceBuffer<std::uint32_t> words(3);  // shorts done, emitted ran, outcome
+  Hold::Payload p{Hold::kLong, processors - 1, words.get(), words.get() + 1, words.get() + 2,
+                  50,          200'000};
+  GraphBuilder b;
+  b.add_task(HoldPipeline::make<Hold>(p));
+  p.role = Hold::kShort;
+  for (std::uint32_t i = 1; i < processors; ++i) b.add_task(HoldPipeline::make<Hold>(p));
+  b.set_dynamic_bound(1);
+  loom::GpuExecutor<HoldPipeline> ex(b.build());
+  for (int launch = 0; launch < 3; ++launch) {
+    words.fill_bytes(0);
+    ex.run();
+    ASSERT_EQ(words.download()[2], std::uint32_t{Hold::kRanWhileHeld}) << "launch " << launch;
+  }
+}
+
+// The warp's waiting_first orders a ring of credits as the host's does, on random rings: any
+// number of processors, head, credits held, tasks to take and waiting processors.
+__global__ void waiting_first_kernel(std::uint64_t* idle_list, std::uint64_t* seen,
+                                     std::uint32_t processors, std::uint32_t head,
+                                     std::uint32_t held, std::uint32_t take) {
+  loom::warp::waiting_first(loom::SchedulerPrivate{seen, idle_list}, processors, head, held, take);
+}
+
+TEST(GpuScheduler, WarpWaitingFirstMatchesTheHostOnRandomRings) {
+  LOOM_REQUIRE_GPU();
+  std::uint32_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 200; ++round) {
+    std::uint32_t const processors = 2 + rng() % 300;
+    std::uint32_t const held = 2 + rng() % (processors - 1), take = 1 + rng() % (held - 1);
+    std::uint32_t const head = rng() % processors;
+    std::uint32_t const waiting_one_in = 1 + rng() % 8;
+    SCOPED_TRACE("processors " + std::to_string(processors) + " held " + std::to_string(held) +
+                 " take " + std::to_string(take) + " head " + std::to_string(head));
+    std::vector<std::uint64_t> seen(processors), ring(2 * processors, ~0ull);
+    std::vector<std::uint32_t> who(processors);
+    std::iota(who.begin(), who.end(), 0u);
+    std::shuffle(who.begin(), who.end(), rng);
+    for (std::uint32_t p = 0; p < processors; ++p)
+      seen[p] = loom::report_word(3 + p, 0, rng() % waiting_one_in == 0);
+    for (std::uint32_t i = 0; i < held; ++i)
+      ring[(head + i) % processors] = loom::idle_entry(who[i], 3 + who[i]);
+    loom::DeviceBuffer<std::uint64_t> d_ring(ring), d_seen(seen);
+    waiting_first_kernel<<<1, 32>>>(d_ring.get(), d_seen.get(), processors, head, held, take);
+    LOOM_CUDA(cudaGetLastError());
+    LOOM_CUDA(cudaDeviceSynchronize());
+    loom::waiting_first(ring.data(), ring.data() + processors, processors, head, held, take,
+                        seen.data());
+    std::vector<std::uint64_t> const got = d_ring.download();
+    for (std::uint32_t i = 0; i < held; ++i)
+      ASSERT_EQ(got[(head + i) % processors], ring[(head + i) % processors]) << "position " << i;
   }
 }
 
