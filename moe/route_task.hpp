@@ -255,23 +255,31 @@ struct RouteTokens {
     return r;
   }
 
-  // acc = the dot products of router slice s for expert tile nt (this lane's fragment), from
-  // zero. Warp-uniform.
-  __device__ static void slice_mma(MoEView const& v, StagedRows const& x, std::uint32_t nt,
-                                   std::uint32_t s, float (&acc)[2][4]) {
-    std::uint32_t const lane = threadIdx.x % 32, e = nt * 8 + lane / 4;
+  // acc[j] = the dot products of router slice s for expert tile nt0 + j, j < G (this lane's
+  // fragments), from zero; each staged-row fragment is read from shared memory once for the G
+  // tiles. Every router load is unconditional, so that they go out together: a tile row past the
+  // experts reads row 0 (its products are never stored), and a chunk past the slice its last
+  // (never multiplied). Warp-uniform.
+  template <std::uint32_t G>
+  __device__ static void slice_mma(MoEView const& v, StagedRows const& x, std::uint32_t nt0,
+                                   std::uint32_t s, float (&acc)[G][2][4]) {
+    std::uint32_t const lane = threadIdx.x % 32, experts = v.experts, hidden = v.hidden;
     std::uint32_t const first = slice_first_chunk(s), span = slice_end_chunk(v, s) - first;
-    uint4 const* const wrow =
-        reinterpret_cast<uint4 const*>(v.router_w + std::size_t{e < v.experts ? e : 0} * v.hidden) +
-        lane % 4;
+    uint4 w[G][kRouteSliceChunks];
 #pragma unroll
-    for (std::uint32_t mt = 0; mt < 2; ++mt)
+    for (std::uint32_t j = 0; j < G; ++j) {
+      std::uint32_t const e = (nt0 + j) * 8 + lane / 4;
+      uint4 const* const wrow =
+          reinterpret_cast<uint4 const*>(v.router_w + std::size_t{e < experts ? e : 0} * hidden) +
+          lane % 4;
 #pragma unroll
-      for (std::uint32_t i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
-    uint4 w[kRouteSliceChunks];
+      for (std::uint32_t u = 0; u < kRouteSliceChunks; ++u)
+        w[j][u] = __ldcg(wrow + 4 * (first + (u < span ? u : span - 1)));
 #pragma unroll
-    for (std::uint32_t u = 0; u < kRouteSliceChunks; ++u)
-      w[u] = e < v.experts && u < span ? __ldcg(wrow + 4 * (first + u)) : uint4{};
+      for (std::uint32_t mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (std::uint32_t i = 0; i < 4; ++i) acc[j][mt][i] = 0.0f;
+    }
 #pragma unroll
     for (std::uint32_t u = 0; u < kRouteSliceChunks; ++u) {
       if (u >= span) break;
@@ -283,8 +291,11 @@ struct RouteTokens {
         uint4 const hi = *reinterpret_cast<uint4 const*>(x0 + x.xrow[mt][1]);
         std::uint32_t const a0[4] = {lo.x, hi.x, lo.y, hi.y};
         std::uint32_t const a1[4] = {lo.z, hi.z, lo.w, hi.w};
-        tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a0, w[u].x, w[u].y);
-        tasks::gemm::ptx::mma_m16n8k16_bf16(acc[mt], a1, w[u].z, w[u].w);
+#pragma unroll
+        for (std::uint32_t j = 0; j < G; ++j) {
+          tasks::gemm::ptx::mma_m16n8k16_bf16(acc[j][mt], a0, w[j][u].x, w[j][u].y);
+          tasks::gemm::ptx::mma_m16n8k16_bf16(acc[j][mt], a1, w[j][u].z, w[j][u].w);
+        }
       }
     }
   }
@@ -305,6 +316,34 @@ struct RouteTokens {
       }
   }
 
+  // Warp `warp` of `warps` takes items (G consecutive expert tiles, segment): it sums the
+  // segment's slices in registers and stores each tile's sums at partial[segment].
+  template <std::uint32_t G>
+  __device__ static void tile_items(MoEView const& v, StagedRows const& x, std::uint32_t n,
+                                    float* partial, std::uint32_t warp, std::uint32_t warps) {
+    std::uint32_t const experts = v.experts, ntiles = (experts + 7) / 8;
+    std::uint32_t const groups = (ntiles + G - 1) / G, segments = v.route_segments;
+    for (std::uint32_t item = warp; item < groups * segments; item += warps) {
+      std::uint32_t const nt0 = item % groups * G, q = item / groups;
+      float segment[G][2][4] = {};
+      for (std::uint32_t s = segment_first_slice(v, q); s < segment_first_slice(v, q + 1); ++s) {
+        float dot[G][2][4];
+        slice_mma<G>(v, x, nt0, s, dot);
+#pragma unroll
+        for (std::uint32_t j = 0; j < G; ++j)
+#pragma unroll
+          for (std::uint32_t mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (std::uint32_t i = 0; i < 4; ++i) segment[j][mt][i] += dot[j][mt][i];
+      }
+#pragma unroll
+      for (std::uint32_t j = 0; j < G; ++j)
+        if (nt0 + j < ntiles)
+          store_tile(segment[j], nt0 + j, n, experts, partial + std::size_t{q} * n * experts,
+                     experts);
+    }
+  }
+
   // The logits of tokens [t0, t0 + n) into logits[n][experts], the whole router in one task.
   // Warps take (expert tile, segment) items, sum the segment's slices in registers and store the
   // segment's sums at partial[segment]; the segments are then added in order into segment 0.
@@ -315,19 +354,11 @@ struct RouteTokens {
     std::uint32_t const warp = threadIdx.x / 32, warps = blockDim.x / 32;
     std::uint32_t const experts = v.experts, ntiles = (experts + 7) / 8;
     std::uint32_t const segments = v.route_segments;
-    for (std::uint32_t item = warp; item < ntiles * segments; item += warps) {
-      std::uint32_t const nt = item % ntiles, q = item / ntiles;
-      float segment[2][4] = {};
-      for (std::uint32_t s = segment_first_slice(v, q); s < segment_first_slice(v, q + 1); ++s) {
-        float dot[2][4];
-        slice_mma(v, x, nt, s, dot);
-#pragma unroll
-        for (std::uint32_t mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (std::uint32_t i = 0; i < 4; ++i) segment[mt][i] += dot[mt][i];
-      }
-      store_tile(segment, nt, n, experts, partial + std::size_t{q} * n * experts, experts);
-    }
+    // With more (tile, segment) items than warps, a warp takes two tiles of a segment at once.
+    if (ntiles >= 4 && ntiles * segments > warps)
+      tile_items<2>(v, x, n, partial, warp, warps);
+    else
+      tile_items<1>(v, x, n, partial, warp, warps);
     __syncthreads();
     for (std::uint32_t i = threadIdx.x; segments > 1 && i < n * experts; i += blockDim.x) {
       float sum = partial[i];
@@ -351,9 +382,9 @@ struct RouteTokens {
     std::uint32_t const experts = v.experts, ntiles = (experts + 7) / 8;
     for (std::uint32_t item = warp; item < ntiles * (s1 - s0); item += warps) {
       std::uint32_t const nt = item % ntiles, s = s0 + item / ntiles;
-      float dot[2][4];
-      slice_mma(v, x, nt, s, dot);
-      store_tile(dot, nt, n, experts, v.route_partial + partial_index(v, s, t0, 0), experts);
+      float dot[1][2][4];
+      slice_mma<1>(v, x, nt, s, dot);
+      store_tile(dot[0], nt, n, experts, v.route_partial + partial_index(v, s, t0, 0), experts);
     }
     __shared__ bool last;
     __threadfence();
