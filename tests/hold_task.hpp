@@ -7,14 +7,13 @@
 // holds its processor until that task has run or give_up_us has passed.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <thread>
 
 #include "runtime/atomic.hpp"
 #include "runtime/context.hpp"
 #include "runtime/pipeline.hpp"
 #include "runtime/watchdog.hpp"
+#include "tests/pause_until.hpp"
 
 namespace loom::test {
 
@@ -66,16 +65,6 @@ struct Hold {
       pause_until(now_ns() + 10 * us);
     }
     store_relaxed(*p.outcome, std::uint32_t{kRanWhileHeld});
-  }
-  // The device spins on the global timer; a host processor thread sleeps.
-  LOOM_HD static void pause_until(std::uint64_t t) {
-#if defined(__CUDA_ARCH__)
-    while (now_ns() < t) {
-    }
-#else
-    std::uint64_t const now = now_ns();
-    if (t > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t - now));
-#endif
   }
 };
 

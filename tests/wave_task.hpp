@@ -5,13 +5,12 @@
 // second task queued while it runs its first, and each runs two.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <thread>
 
 #include "runtime/atomic.hpp"
 #include "runtime/context.hpp"
 #include "runtime/watchdog.hpp"
+#include "tests/pause_until.hpp"
 
 namespace loom::test {
 
@@ -44,16 +43,6 @@ struct Wave {
     while (load_relaxed(*p.started) < p.processors)
       if (now_ns() > t0 + p.give_up_us * us) return store_relaxed(*p.timed_out, 1u);
     pause_until(now_ns() + p.step_us * us * (order + 1));
-  }
-  // The device spins on the global timer; a host processor thread sleeps.
-  LOOM_HD static void pause_until(std::uint64_t t) {
-#if defined(__CUDA_ARCH__)
-    while (now_ns() < t) {
-    }
-#else
-    std::uint64_t const now = now_ns();
-    if (t > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t - now));
-#endif
   }
 };
 
