@@ -32,8 +32,9 @@ struct CpuOptions {
   std::uint64_t chaos_seed = 0;        // non-zero: random delays in every actor
   std::uint32_t chaos_per_mille = 50;  // chance of a delay at each protocol point
   std::uint32_t chaos_max_delay_us = 200;
-  std::uint32_t trace_capacity = 0;  // per rank; 0: tracing off
+  std::uint32_t trace_capacity = 0;        // per rank; 0: tracing off
   std::uint64_t prefetch_after_ns = 2000;  // see StateOptions (0: always, kNoPrefetch: never)
+  bool waiting_first = false;              // see StateOptions
 };
 
 // Host-side state of one rank: its graph, the arena, the bound RuntimeState.
@@ -107,6 +108,7 @@ class CpuExecutor {
           std::chrono::duration_cast<std::chrono::nanoseconds>(options.watchdog).count());
       so.trace_capacity = options.trace_capacity;
       so.prefetch_after_ns = options.prefetch_after_ns;
+      so.waiting_first = options.waiting_first;
       ranks_.push_back(std::make_unique<HostRankState>(std::move(graphs[r]), so));
     }
   }

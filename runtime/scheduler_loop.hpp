@@ -85,9 +85,10 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
 
   // Credits held (processors whose doorbell may be rung), oldest first: s.idle_list is a ring of
   // `processors` entries from idle_head to idle_tail, each the processor and the ring to send.
-  // With fewer ready tasks than credits, waiting processors' credits go first (waiting_first),
-  // then the oldest prefetch credits: a processor that started its task long ago is the likelier
-  // to end it soon. It starts with every processor's first credit (kStartReport).
+  // Oldest first: with prefetch, a processor that has waited idle gets work before one that just
+  // started a task. With s.waiting_first and fewer ready tasks than credits, every waiting
+  // processor's credit goes before any prefetch credit (waiting_first). It starts with every
+  // processor's first credit (kStartReport).
   std::uint64_t idle_head = 0, idle_tail = s.processors;
   for (std::uint32_t p = 0; p < s.processors; ++p)
     s.idle_list[p] = idle_entry(p, report_credits(kStartReport));
@@ -121,7 +122,7 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
       s.reports_seen[p] = word;
       progress = true;
     }
-    if (waiting != 0 && !ready.empty() && ready.size() < idle_tail - idle_head)
+    if (s.waiting_first && waiting != 0 && !ready.empty() && ready.size() < idle_tail - idle_head)
       waiting_first(s.idle_list, s.idle_list + s.processors, s.processors, idle_head,
                     static_cast<std::uint32_t>(idle_tail - idle_head),
                     static_cast<std::uint32_t>(ready.size()), s.reports_seen);

@@ -103,6 +103,7 @@ struct RuntimeState {
   std::uint64_t watchdog_ns;  // 0 = unbounded (not recommended)
   // Prefetch once the previous task ran this long (kNoPrefetch: never).
   std::uint64_t prefetch_after_ns;
+  bool waiting_first;  // see StateOptions
 
   LOOM_HD LOOM_INLINE std::uint32_t task_capacity() const {
     return graph.task_count + graph.dynamic_bound;
@@ -130,10 +131,12 @@ inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
 //
 // The waiting bit tells the credits of idle processors from prefetch credits: a processor sets it
 // in the report it sends as it starts to wait on its doorbell, and clears it in the prefetch
-// credit it hands over as it starts a task. When there are fewer ready tasks than credits held,
-// the scheduler hands them to waiting processors first (waiting_first): a task rung on a prefetch
-// credit waits until the task its processor runs has ended, which for a long task (a send that
-// streams for 150 us) left the other processors idle while the tasks queued behind it.
+// credit it hands over as it starts a task. A task rung on a prefetch credit waits until the task
+// its processor runs has ended: behind a long task (the EP layer's sends stream for 150 us) it
+// waits while other processors idle. With StateOptions::waiting_first the scheduler, holding more
+// credits than it has ready tasks, hands them to waiting processors first (waiting_first). It is
+// off by default: on the one-GPU MoE layer it cost 1.5% (docs/architecture.md, "Prefetch
+// credits and waiting processors").
 //
 // A launch starts with every processor's first credit already handed over: each word reads
 // kStartReport (one credit, nothing completed, waiting), the scheduler starts holding credit 1 of

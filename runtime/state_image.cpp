@@ -96,6 +96,7 @@ RuntimeState StateLayout::bind(void* base_ptr) const {
   s.world = options_.world;
   s.watchdog_ns = options_.watchdog_ns;
   s.prefetch_after_ns = options_.prefetch_after_ns;
+  s.waiting_first = options_.waiting_first;
   return s;
 }
 

@@ -21,6 +21,9 @@ struct StateOptions {
   // Processors ask for their next task as they start one when the task before ran this long
   // (0: always; kNoPrefetch: never). See report_word in state.hpp.
   std::uint64_t prefetch_after_ns = 2000;
+  // With fewer ready tasks than credits, hand them to waiting processors before prefetch credits
+  // of busy ones (waiting_first, runtime/scheduler_loop.hpp). Off: oldest credit first.
+  bool waiting_first = false;
 };
 
 class StateLayout {

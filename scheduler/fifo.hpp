@@ -1,7 +1,9 @@
 // Work-conserving FIFO: ready tasks run in the order they became ready; no idle processor is left
-// waiting while any task is ready. Priorities are ignored. A processor whose task releases
-// successors runs the first of them itself when nothing else is waiting (local dispatch): that
-// keeps the order and saves the round trip through the scheduler on chains.
+// waiting while any task is ready, except that with prefetch a task may be rung on a busy
+// processor's prefetch credit, older than a waiting processor's, and wait for its task to end
+// (StateOptions::waiting_first prevents that). Priorities are ignored. A processor whose task
+// releases successors runs the first of them itself when nothing else is waiting (local dispatch):
+// that keeps the order and saves the round trip through the scheduler on chains.
 #pragma once
 
 #include "runtime/config.hpp"

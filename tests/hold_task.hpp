@@ -1,7 +1,8 @@
 // A task emitted while one processor runs a long task and the others wait, for the CPU executor's
 // suite and the GPU's. The long task held a prefetch credit since it started (a launch's first
-// task prefetches), older than the waiting processors' credits; the emitted task must go to a
-// waiting processor (waiting_first, runtime/scheduler_loop.hpp), not queue behind the long task.
+// task prefetches), older than the waiting processors' credits; with StateOptions::waiting_first
+// the emitted task must go to a waiting processor (runtime/scheduler_loop.hpp), not queue behind
+// the long task.
 // Roots: one long task and `shorts` short ones, one per processor. The long task waits for the
 // short ones to end, lets their processors report that they wait (settle_us), emits the task, and
 // holds its processor until that task has run or give_up_us has passed.

@@ -27,6 +27,7 @@ struct GpuOptions {
   std::chrono::milliseconds watchdog{5000};
   std::uint32_t trace_capacity = 0;        // 0: tracing off
   std::uint64_t prefetch_after_ns = 2000;  // see StateOptions (0: always, kNoPrefetch: never)
+  bool waiting_first = false;              // see StateOptions
   std::uint32_t blocks_per_sm = 1;   // processors per SM, capped by the occupancy API's answer
   std::uint32_t max_processors = 0;  // 0: as many as can be resident
   std::uint32_t subscribers = 1;     // subscriber warps in the OS block
@@ -218,6 +219,7 @@ class GpuExecutor {
         std::chrono::duration_cast<std::chrono::nanoseconds>(options.watchdog).count());
     so.trace_capacity = options.trace_capacity;
     so.prefetch_after_ns = options.prefetch_after_ns;
+    so.waiting_first = options.waiting_first;
     return so;
   }
 

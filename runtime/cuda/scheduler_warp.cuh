@@ -312,9 +312,9 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
   std::uint32_t ready_head_slot = static_cast<std::uint32_t>(ready_head % s.ready.capacity);
-  // Credits held, oldest first but waiting processors' ahead of prefetch credits when not all
-  // are rung (waiting_first): a ring in own.idle_list (see scheduler_loop.hpp), starting with
-  // every processor's first credit (kStartReport).
+  // Credits held, oldest first (with s.waiting_first, waiting processors' ahead of prefetch
+  // credits when not all are rung: waiting_first): a ring in own.idle_list (see
+  // scheduler_loop.hpp), starting with every processor's first credit (kStartReport).
   for (std::uint32_t p = lane; p < s.processors; p += 32) {
     own.reports_seen[p] = kStartReport;
     own.idle_list[p] = idle_entry(p, report_credits(kStartReport));
@@ -333,7 +333,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
   // it rang any.
   auto ring_idle = [&] {
     if (idle_tail_pos == idle_head_pos || ready.size() == 0) return false;
-    if (waiting != 0 && ready.size() < idle_tail_pos - idle_head_pos)
+    if (s.waiting_first && waiting != 0 && ready.size() < idle_tail_pos - idle_head_pos)
       warp::waiting_first(own, s.processors, idle_head_slot,
                           static_cast<std::uint32_t>(idle_tail_pos - idle_head_pos),
                           static_cast<std::uint32_t>(ready.size()));

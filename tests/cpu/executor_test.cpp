@@ -66,20 +66,25 @@ TEST_F(Executor, RandomDagRunsEachTaskOnceAfterItsPredecessors) {
 }
 
 // Processors asking for their next task as they start one (prefetch: always, never, or after a
-// task of at least 2 µs, the default): the same order and exactly-once execution, with reports that
-// carry a credit or only a count, on a DAG and on a wide fan-out where the idle processors must get
-// the work.
+// task of at least 2 µs, the default), the scheduler handing tasks to waiting processors first or
+// to the oldest credit: the same order and exactly-once execution, with reports that carry a
+// credit or only a count, on a DAG and on a wide fan-out where the idle processors must get the
+// work.
 TEST_F(Executor, PrefetchOnAndOffKeepOrderAndExactlyOnce) {
   Recorder r(10'000);
   Shape const dag = random_dag_shape(r, 10'000, 64, rng, /*priorities=*/true);
   Recorder f(2'002);
   Shape const fan = fan_shape(f, 2'000, &rng);
   for (std::uint64_t after : {kNoPrefetch, std::uint64_t{0}, std::uint64_t{2000}}) {
-    SCOPED_TRACE("prefetch_after_ns " + std::to_string(after));
-    CpuOptions o = options_with(4);
-    o.prefetch_after_ns = after;
-    run_and_check(dag, r, o, 2);
-    run_and_check(fan, f, o, 2);
+    for (bool waiting_first : {false, true}) {
+      SCOPED_TRACE("prefetch_after_ns " + std::to_string(after) + " waiting_first " +
+                   std::to_string(waiting_first));
+      CpuOptions o = options_with(4);
+      o.prefetch_after_ns = after;
+      o.waiting_first = waiting_first;
+      run_and_check(dag, r, o, 2);
+      run_and_check(fan, f, o, 2);
+    }
   }
 }
 
@@ -146,8 +151,8 @@ TEST(WaitingFirst, WaitingProcessorsFirstThenBusyOnesEachInRingOrder) {
   }
 }
 
-// A task emitted by a long task while the other processors wait runs on one of them, not behind
-// the long task on its prefetch credit (tests/hold_task.hpp).
+// With waiting_first, a task emitted by a long task while the other processors wait runs on one
+// of them, not behind the long task on its prefetch credit (tests/hold_task.hpp).
 using HoldPipeline = Pipeline<Hold>;
 
 TEST(WaitingFirst, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
@@ -160,7 +165,9 @@ TEST(WaitingFirst, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
   p.role = Hold::kShort;
   for (std::uint32_t i = 1; i < processors; ++i) b.add_task(HoldPipeline::make<Hold>(p));
   b.set_dynamic_bound(1);
-  CpuExecutor<HoldPipeline> ex(one_rank(b.build()), options_with(processors));
+  CpuOptions o = options_with(processors);
+  o.waiting_first = true;
+  CpuExecutor<HoldPipeline> ex(one_rank(b.build()), o);
   for (int launch = 0; launch < 3; ++launch) {
     shorts_done = emitted_ran = outcome = 0;
     ex.run(SchedulingPolicy::fifo);

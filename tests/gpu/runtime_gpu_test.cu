@@ -480,9 +480,9 @@ TEST(GpuRuntime, TwoWavesOfEqualTasksGiveEveryProcessorTwo) {
   }
 }
 
-// A task emitted by a long task while the other processors wait runs on one of them, not behind
-// the long task on its prefetch credit (tests/hold_task.hpp): the scheduler warp hands tasks to
-// waiting processors first.
+// With waiting_first, a task emitted by a long task while the other processors wait runs on one
+// of them, not behind the long task on its prefetch credit (tests/hold_task.hpp): the scheduler
+// warp hands tasks to waiting processors first.
 TEST(GpuRuntime, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
   LOOM_REQUIRE_GPU();
   std::uint32_t const processors = loom::GpuExecutor<HoldPipeline>::launch_shape().grid - 1;
@@ -494,7 +494,9 @@ TEST(GpuRuntime, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
   p.role = Hold::kShort;
   for (std::uint32_t i = 1; i < processors; ++i) b.add_task(HoldPipeline::make<Hold>(p));
   b.set_dynamic_bound(1);
-  loom::GpuExecutor<HoldPipeline> ex(b.build());
+  loom::GpuOptions o;
+  o.waiting_first = true;
+  loom::GpuExecutor<HoldPipeline> ex(b.build(), o);
   for (int launch = 0; launch < 3; ++launch) {
     words.fill_bytes(0);
     ex.run();
