@@ -225,8 +225,8 @@ LOOM_HD LOOM_INLINE bool take_next_task(RuntimeState const& s, ProcessorLink& li
     for (std::uint32_t i = 0; link.credit_out && !rung && i < kRingPolls; ++i)
       rung = doorbell_poll(bell, link.credits, ref);
     if (!rung) {
-      // About to wait: the report says so (a prefetch credit said busy), so that the scheduler
-      // hands this processor a task before it hands one to a busy processor.
+      // About to wait: the report says so (a prefetch credit said busy), so that a scheduler
+      // with waiting_first hands this processor a task before it hands one to a busy processor.
       if (!link.credit_out)
         hand_over_credit(s, link, true);
       else if (link.completed != link.reported || !link.waiting)
