@@ -1,6 +1,6 @@
 // Adversarial interleaving: with CpuOptions::chaos_seed set, every actor pauses at random at the
 // protocol's points (queue tickets, event arrivals, polls). The same graphs must still give exactly
-// the right execution under every seed.
+// the right execution under every seed, with the scheduler handing out credits in either order.
 #include "tests/cpu/test_graphs.hpp"
 
 namespace loom::test {
@@ -21,9 +21,13 @@ void for_each_chaos_seed(Fn&& fn) {
   }
 }
 
+// Odd seeds run with waiting_first (the scheduler reorders its credits), even ones without.
 void run_shape_under_chaos(Shape const& shape, Recorder& r, std::uint64_t chaos,
                            std::uint32_t processors) {
-  CpuExecutor<TestPipeline> ex(one_rank(shape.graph), options_with(processors, chaos));
+  CpuOptions o = options_with(processors, chaos);
+  o.waiting_first = chaos % 2 == 1;
+  SCOPED_TRACE(o.waiting_first ? "waiting_first" : "oldest credit first");
+  CpuExecutor<TestPipeline> ex(one_rank(shape.graph), o);
   for (SchedulingPolicy policy : {SchedulingPolicy::fifo, SchedulingPolicy::priority}) {
     r.poison();
     ASSERT_TRUE(succeeds([&] { ex.run(policy); })) << to_string(policy);
