@@ -158,8 +158,11 @@ using HoldPipeline = Pipeline<Hold>;
 TEST(WaitingFirst, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
   constexpr std::uint32_t processors = 4;
   std::uint32_t shorts_done = 0, emitted_ran = 0, outcome = 0;
+  // The short tasks' processors get 100 ms to report that they wait; the long task gives up
+  // after 5 s.
+  std::uint32_t const settle_us = 100'000, give_up_us = 5'000'000;
   Hold::Payload p{Hold::kLong, processors - 1, &shorts_done, &emitted_ran,
-                  &outcome,    20'000,         5'000'000};
+                  &outcome,    settle_us,      give_up_us};
   GraphBuilder b;
   b.add_task(HoldPipeline::make<Hold>(p));
   p.role = Hold::kShort;
