@@ -12,12 +12,18 @@ and prints, per file:
 
   - with --late N: per destination, the N records this rank published last (time, record, the
     processor that sent it), and per source the runs of records taken, in order: a source's
-    prefix of landed records is held by the record that lands last.
+    prefix of landed records is held by the record that lands last;
+  - with --phases A,B,...: where a task's time goes, from marks its body records at the ends of
+    its phases (kinds A, B, ... by name, "mark N" for a kind the writer did not name): per
+    processor, each run of marks of these kinds in this order, inside one task, gives the
+    intervals from the task's start to A, from A to B, ..., and from the last to the task's end;
+    per interval the median, 10th and 90th percentiles and the sum over runs.
 
 Times are µs after the file's first event. Each file is read on its own: the GPUs' clocks are
 not aligned with each other.
 
-usage: trace_report.py [--bin US] [--from US] [--to US] [--late N] TRACE.json...
+usage: trace_report.py [--bin US] [--from US] [--to US] [--late N] [--phases A,B,...]
+                       TRACE.json...
 """
 import argparse
 import json
@@ -58,7 +64,47 @@ def late_records(marks, n, out):
                             for m in ms) + "\n")
 
 
-def report(path, bin_us, t_from, t_to, late, out):
+def phases(tasks, marks, kinds, out):
+    track = lambda e: (e["pid"], e["tid"])
+    marks_of, tasks_of = {}, {}
+    for m in marks:
+        marks_of.setdefault(track(m), []).append(m)
+    for e in tasks:
+        tasks_of.setdefault(track(e), []).append(e)
+    names = ([f"task start>{kinds[0]}"] + [f"{a}>{b}" for a, b in zip(kinds, kinds[1:])] +
+             [f"{kinds[-1]}>task end"])
+    intervals = {n: [] for n in names}
+    types = {}
+    for t, ms in marks_of.items():
+        ms.sort(key=lambda m: m["ts"])
+        held = tasks_of.get(t, [])
+        i = 0
+        while i + len(kinds) <= len(ms):
+            run = ms[i:i + len(kinds)]
+            task = next((e for e in held
+                         if e["ts"] <= run[0]["ts"] and run[-1]["ts"] <= e["ts"] + e["dur"]), None)
+            if [m["name"] for m in run] != kinds or task is None:
+                i += 1
+                continue
+            at = [task["ts"]] + [m["ts"] for m in run] + [task["ts"] + task["dur"]]
+            for n, a, b in zip(names, at, at[1:]):
+                intervals[n].append(b - a)
+            types[task["name"]] = types.get(task["name"], 0) + 1
+            i += len(kinds)
+    runs = sum(types.values())
+    out.write(f"  phases {','.join(kinds)}: {runs} runs" +
+              "".join(f", {c} in {n}" for n, c in sorted(types.items())) + "\n")
+    if not runs:
+        return
+    width = max(len(n) for n in names)
+    out.write(f"    {'interval':<{width}} {'median':>8} {'p10':>8} {'p90':>8} {'sum':>10}\n")
+    for n in names:
+        v = sorted(intervals[n])
+        out.write(f"    {n:<{width}} {statistics.median(v):>8.2f} {v[len(v) // 10]:>8.2f} "
+                  f"{v[9 * len(v) // 10]:>8.2f} {sum(v):>10.1f}\n")
+
+
+def report(path, bin_us, t_from, t_to, late, kinds, out):
     tasks, marks = load(path)
     if not tasks:
         out.write(f"== {path}: no tasks\n")
@@ -103,6 +149,8 @@ def report(path, bin_us, t_from, t_to, late, out):
         return
     if late:
         late_records(marks, late, out)
+    if kinds:
+        phases(tasks, marks, kinds, out)
     kinds = sorted({m["name"] for m in marks})
     for k in kinds:
         ms = [m for m in marks if m["name"] == k]
@@ -133,12 +181,18 @@ def main():
     p.add_argument("--to", dest="t_to", type=float, help="last bin's end (µs; default: the span)")
     p.add_argument("--late", type=int, default=0, metavar="N",
                    help="list the N records published last per destination, and the runs taken")
+    p.add_argument("--phases", metavar="A,B,...",
+                   help="the intervals between a task's start, its marks of these kinds in this "
+                        "order, and its end")
     a = p.parse_args()
     if a.bin <= 0:
         p.error("--bin must be positive")
+    kinds = a.phases.split(",") if a.phases else []
+    if a.phases is not None and not all(kinds):
+        p.error("--phases takes mark kinds separated by commas")
     for path in a.traces:
         try:
-            report(path, a.bin, a.t_from, a.t_to, a.late, sys.stdout)
+            report(path, a.bin, a.t_from, a.t_to, a.late, kinds, sys.stdout)
         except BrokenPipeError:
             return 0
         except (OSError, ValueError, KeyError) as e:
