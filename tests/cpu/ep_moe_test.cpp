@@ -526,7 +526,8 @@ TEST_P(EpCpuWrites, NeverOverlapAndTokensTravelOncePerRank) {
 }
 
 // Random delays in every actor of every rank (chaos mode) change the interleaving of sends,
-// arrivals and tiles, never the result.
+// arrivals and tiles, never the result; odd seeds also hand tasks to waiting processors first
+// (waiting_first).
 TEST(EpCpu, ChaosInterleavingsGiveTheSameBits) {
   std::uint32_t const world = 4;
   MoEConfig const c = ep_config(8, 2, 32);
@@ -547,13 +548,15 @@ TEST(EpCpu, ChaosInterleavingsGiveTheSameBits) {
     o.chaos_seed = seed * 16 + chaos;
     o.chaos_per_mille = 100;
     o.chaos_max_delay_us = 300;
+    o.waiting_first = chaos % 2 == 1;
     CpuEpMoELayer layer(c, w, world, o);
     for (auto& r : ranks) r.out = poisoned(r.out.size());
     layer.forward(calls_for(ranks, false));
     for (std::uint32_t r = 0; r < world; ++r)
       ASSERT_EQ(0, std::memcmp(ranks[r].out.data(), expected[r].data(),
                                expected[r].size() * sizeof(bf16)))
-          << "chaos seed " << o.chaos_seed << " rank " << r;
+          << "chaos seed " << o.chaos_seed << (o.waiting_first ? " waiting_first" : "") << " rank "
+          << r;
   }
 }
 
