@@ -30,6 +30,8 @@
 // claimed; y[slot][token] belongs to the one (token, slot) pair; counts messages by source rank.
 #pragma once
 
+#include <iterator>
+
 #include "moe/view.hpp"
 #include "runtime/symmetric_layout.hpp"
 
@@ -185,7 +187,7 @@ struct SendOrder {
 // source into one gather task (a: source << 24 | records taken, b: the first of them).
 enum EpMark : std::uint16_t { kMarkRecordPublished = 0, kMarkRecordsTaken = 1 };
 inline constexpr char const* kEpMarkNames[] = {"ep_record_published", "ep_records_taken"};
-inline constexpr std::uint32_t kEpMarkCount = 2;
+inline constexpr std::uint32_t kEpMarkCount = static_cast<std::uint32_t>(std::size(kEpMarkNames));
 
 // The symmetric layout for `world` ranks of a layer with this shape.
 inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
