@@ -7,8 +7,9 @@
 
 namespace loom::moe {
 
-CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options)
-    : config_(config), shapes_(make_layer_shapes(config, tasks::gemm::MmaPath::wgmma)) {
+CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options,
+                         tasks::gemm::MmaPath path)
+    : config_(config), shapes_(make_layer_shapes(config, path)) {
   MoEView const& shape = shapes_.main;  // the sizes, the same in both views
   check_shapes(config, weights);
   router_ = weights.router;
@@ -92,7 +93,7 @@ void CpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, std::int32_t cons
   for (std::uint32_t t = 0; t < tokens; ++t) {
     std::int32_t offender = 0;
     if (std::uint32_t const bad = check_given_routing(*view_, t, offender))
-      throw Error("loom: invalid routing: " + RouteTokens::describe_failure(bad, t, offender));
+      throw Error("loom: invalid routing: " + RouteTokens::describe_routing(bad, t, offender));
   }
   call_[1] = 1;
   run(x, tokens, out);

@@ -12,7 +12,11 @@ namespace loom::moe {
 
 class CpuMoELayer {
  public:
-  CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options = {});
+  // `path`: the GPU layer whose decomposition this one follows (with mma_sync, the router's
+  // slices of a few route groups are spread over several tasks; with wgmma, the router is a
+  // tile of kRouteTileTokens tokens per route task).
+  CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options = {},
+              tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
 
   MoEConfig const& config() const { return config_; }
 

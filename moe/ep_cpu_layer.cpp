@@ -149,7 +149,7 @@ void CpuEpMoELayer::forward(std::vector<EpRankCall> const& calls) {
         std::int32_t offender = 0;
         if (std::uint32_t const bad = check_given_routing(m.view->local, t, offender))
           throw Error("loom: rank " + std::to_string(r) +
-                      ": invalid routing: " + RouteTokens::describe_failure(bad, t, offender));
+                      ": invalid routing: " + RouteTokens::describe_routing(bad, t, offender));
       }
     }
     m.call[0] = c.tokens;

@@ -68,10 +68,11 @@ inline DestinationTotals totals_for(EpView const& ep, std::uint32_t d) {
   return t;
 }
 
-// Routes a token block (RouteTokens), arms its result counter and puts the block's tokens in
-// their bins (bin_token: the plan's counts and the sends' order); then arrives on `routed`. The
-// rows travel later, in SendBlocks, so that every route of the rank (and with them the bins) is
-// done before the rows take the links.
+// Routes a route group (RouteTokens: route_blocks token blocks, payload `block` numbering the
+// groups), arms each block's result counter and puts the group's tokens in their bins
+// (bin_token: the plan's counts and the sends' order); then arrives on `routed`. The rows travel
+// later, in SendBlocks, so that every route of the rank (and with them the bins) is done before
+// the rows take the links.
 struct RouteBlock {
   static constexpr char const* name = "ep_route";
   static constexpr unsigned threads = RouteTokens::threads;
@@ -97,29 +98,46 @@ struct RouteBlock {
     return t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
   }
 
+  // Token blocks [first, end) of route group `group` (those past max_blocks excluded).
+  LOOM_HD static std::uint32_t first_block(MoEView const& v, std::uint32_t group) {
+    return group * v.route_blocks;
+  }
+  LOOM_HD static std::uint32_t end_block(MoEView const& v, std::uint32_t group) {
+    std::uint32_t const end = (group + 1) * v.route_blocks;
+    return end < v.max_blocks ? end : v.max_blocks;
+  }
+
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    RouteTokens::route_host(v, p.block, 1, ctx);
+    std::uint32_t const first = first_block(v, p.block), end = end_block(v, p.block);
+    RouteTokens::route_host(v, first, end - first, ctx);
     if (ctx.failed()) return;
-    std::uint32_t const t0 = p.block * v.token_block, n = block_tokens(v, p.block);
-    if (n != 0) arm_block(ep, p.block);
-    for (std::uint32_t t = t0; t < t0 + n; ++t) bin_token(ep, t);
+    for (std::uint32_t block = first; block < end; ++block) {
+      std::uint32_t const t0 = block * v.token_block, n = block_tokens(v, block);
+      if (n != 0) arm_block(ep, block);
+      for (std::uint32_t t = t0; t < t0 + n; ++t) bin_token(ep, t);
+    }
     ctx.arrive(ep.routed_event);
   }
 
 #if defined(__CUDACC__)
-  // Route as RouteTokens and arm the block's counter; thread t < n bins token t.
+  // Route as RouteTokens and arm the blocks' counters; thread i bins the group's token i.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    RouteTokens::route_device(v, p.block, 1, ctx);
-    std::uint32_t const t0 = p.block * v.token_block, n = block_tokens(v, p.block);
-    __syncthreads();  // the route's ids are written
-    if (threadIdx.x < n && !ctx.failed()) bin_token(ep, t0 + threadIdx.x);
+    std::uint32_t const first = first_block(v, p.block), end = end_block(v, p.block);
+    RouteTokens::route_device(v, first, end - first, ctx);
+    std::uint32_t const t0 = first * v.token_block, tokens = v.call[0];
+    std::uint32_t const t1 = min(end * v.token_block, tokens);
+    __syncthreads();  // the route's ids and the blocks' pairs are written
+    if (!ctx.failed()) {
+      for (std::uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) bin_token(ep, t);
+      for (std::uint32_t block = first + threadIdx.x; block < end; block += blockDim.x)
+        if (block_tokens(v, block) != 0) arm_block(ep, block);
+    }
     __syncthreads();
     if (threadIdx.x == 0 && !ctx.failed()) {
-      if (n != 0) arm_block(ep, p.block);  // thread 0 wrote the block's pairs in route
       __threadfence();
       ctx.arrive(ep.routed_event);
     }

@@ -109,9 +109,9 @@ void GpuEpMoERank::prepare(EpRankCall const& call, cudaStream_t stream) {
                 " tokens exceed max_tokens=" + std::to_string(config_.max_tokens));
   if ((call.ids == nullptr) != (call.weights == nullptr))
     throw Error("loom: rank " + std::to_string(shape_.rank) + ": routing needs ids and weights");
-  last_tokens_ = call.tokens;
   buf_->enqueue_call(&view_.get()->local, nullptr, call.x, call.out, call.tokens, config_.top_k,
                      call.ids, call.weights, stream);
+  last_tokens_ = call.tokens;
 }
 
 void GpuEpMoERank::start(cudaStream_t stream) {

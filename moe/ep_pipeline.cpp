@@ -69,12 +69,22 @@ Graph build_ep_graph(EpView const& shape, EpView const* view) {
   // Each route arrives itself once its counts are in.
   EventOptions explicit_arrivals;
   explicit_arrivals.dynamic_arrivals = true;
-  EventId const routed = b.add_event(shape.local.max_blocks, explicit_arrivals);
+  EventId const routed = b.add_event(shape.local.max_routes, explicit_arrivals);
   if (routed != shape.routed_event)
     throw Error("loom: the EP graph's routed event is #" + std::to_string(routed) +
                 ", the view names #" + std::to_string(shape.routed_event));
-  for (std::uint32_t block = 0; block < shape.local.max_blocks; ++block)
-    b.add_task(EpPipeline::make<RouteBlock>(EpBlockPayload{view, block}, kNoEvent, block));
+  for (std::uint32_t group = 0; group < shape.local.max_routes; ++group) {
+    Task const task = EpPipeline::make<RouteBlock>(EpBlockPayload{view, group}, kNoEvent, group);
+    if (!shape.local.tile_router) {
+      b.add_task(task);
+      continue;
+    }
+    // The route tile reads the rank's view as a layer's: its first member, local.
+    EventId const tiled = b.add_event(1);
+    auto const* local = reinterpret_cast<MoEView const*>(view);
+    b.add_task(EpPipeline::make<RouteTile>(BlockPayload{local, group}, tiled, group));
+    b.add_task(task, {tiled});
+  }
   // The plan first: its counts message goes ahead of the rows.
   b.add_task(EpPipeline::make<PlanDispatch>(PlanDispatch::Payload{view}), {routed});
   for (std::uint32_t s = 0; s < shape.send_tasks; ++s)

@@ -12,8 +12,8 @@
 
 namespace loom::moe {
 
-using EpPipeline = Pipeline<RouteBlock, PlanDispatch, SendBlocks, GatherArrivals, ExpertUp,
-                            ExpertDownRemote, CombineTokens, CombineArrived>;
+using EpPipeline = Pipeline<RouteTile, RouteBlock, PlanDispatch, SendBlocks, GatherArrivals,
+                            ExpertUp, ExpertDownRemote, CombineTokens, CombineArrived>;
 
 // Send tasks of a rank over P >= 2 ranks (fewer when it has fewer token blocks).
 inline constexpr std::uint32_t kSendTasks = 64;

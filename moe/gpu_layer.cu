@@ -61,9 +61,9 @@ void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, std::int32_t const
   if (tokens > config_.max_tokens)
     throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
-  last_tokens_ = tokens;
   buf_.enqueue_call(view_.get(), short_view_.get(), x, out, tokens, config_.top_k, ids, weights,
                     stream);
+  last_tokens_ = tokens;
   executor_->launch(stream);
 }
 

@@ -1,13 +1,29 @@
 #include <algorithm>
 
 #include "moe/layer_buffers.cuh"
+#include "tasks/gemm/ptx/tma.cuh"
+#include "tasks/gemm/tensor_map.hpp"
 
 namespace loom::moe {
+
+namespace {
+
+// The router as the tile reads it: route_columns(experts) rows, those past the experts zero.
+std::vector<bf16> padded_router(MoEConfig const& c, MoEView const& shape,
+                                std::vector<bf16> const& router) {
+  if (!shape.tile_router) return router;
+  std::vector<bf16> padded(std::size_t{route_columns(c.experts)} * c.hidden,
+                           __float2bfloat16(0.0f));
+  std::copy(router.begin(), router.end(), padded.begin());
+  return padded;
+}
+
+}  // namespace
 
 LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::uint32_t experts,
                            std::size_t rows, std::size_t slots, std::vector<bf16> const& router_w,
                            std::vector<bf16> const& w1_packed, std::vector<bf16> const& w2_w)
-    : router(router_w),
+    : router(padded_router(config, shape, router_w)),
       w1(w1_packed),
       w2(w2_w),
       pool(rows * config.hidden),
@@ -25,17 +41,49 @@ LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::u
       route_arrived(zeros<std::uint32_t>(shape.max_routes)),
       ids(slots),
       weights(slots),
-      route_partial(route_partial_size(shape)) {}
+      route_partial(route_partial_size(shape)),
+      hidden_(config.hidden) {
+  if (!shape.tile_router) return;
+  // x's rows times the router: one 64-row tile of 128 or 256 columns per route task, chosen from
+  // the experts alone. A stands in for x until a call rewrites its map (pool has at least
+  // max_tokens rows).
+  std::uint32_t const columns = route_columns(config.experts);
+  route_logits = DeviceBuffer<float>(std::size_t{config.max_tokens} * columns);
+  tasks::gemm::GemmConfig cfg;
+  cfg.block_m = kRouteTileTokens;
+  cfg.block_n = columns <= 128 ? 128 : 256;
+  cfg.splits = 1;
+  cfg.path = tasks::gemm::MmaPath::wgmma;
+  cfg.stages = static_cast<std::uint8_t>(cfg.max_stages());
+  tasks::gemm::GemmDesc d;
+  d.a = reinterpret_cast<tasks::gemm::Bf16 const*>(pool.get());
+  d.a_rows = config.max_tokens;
+  d.b = reinterpret_cast<tasks::gemm::Bf16 const*>(router.get());
+  d.n = columns;
+  d.k = config.hidden;
+  d.c = route_logits.get();
+  d.output = tasks::gemm::OutputType::fp32;
+  route_gemm = std::make_unique<tasks::gemm::DeviceGemm>(d, cfg);
+}
 
 namespace {
 
-// Block 0's thread 0 writes the call's words (the views share their call words); every thread
+// Block 0's thread 0 writes the call's words (the views share their call words) and, given a
+// place for it, the router tile's map of x, released to the tensor-map proxy; every thread
 // copies its share of the given routing.
 __global__ void set_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out,
                          std::uint32_t tokens, std::int32_t const* given_ids,
                          float const* given_weights, std::int32_t* ids, float* weights,
-                         std::size_t slots) {
+                         std::size_t slots, tasks::gemm::TensorMapBytes x_map,
+                         tasks::gemm::TensorMapBytes* x_map_at) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (x_map_at) {
+      auto const* from = reinterpret_cast<uint4 const*>(x_map.bytes);
+      auto* to = reinterpret_cast<uint4*>(x_map_at->bytes);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) to[i] = from[i];
+      tasks::gemm::ptx::fence_tensormap_release();
+    }
     view->x = x;
     view->out = out;
     if (second) {
@@ -63,8 +111,21 @@ void LayerBuffers::enqueue_call(MoEView* view, MoEView* second, bf16 const* x, b
   constexpr unsigned kThreads = 256, kMaxBlocks = 64;
   unsigned const blocks = static_cast<unsigned>(
       std::clamp<std::size_t>((slots + kThreads - 1) / kThreads, 1, kMaxBlocks));
+  // The router tile reads x through a map of this call's rows ([tokens][hidden]; rows past them
+  // read as zeros), encoded here and written into the tile's operands by set_call.
+  tasks::gemm::TensorMapBytes x_map{};
+  tasks::gemm::TensorMapBytes* x_map_at = nullptr;
+  if (route_gemm && !given_ids && tokens > 0) {
+    if (reinterpret_cast<std::uintptr_t>(x) % 16 != 0)
+      throw Error("loom: x must be 16-byte aligned (the router reads it with TMA)");
+    cuuint64_t const dims[2] = {hidden_, tokens};
+    cuuint64_t const strides[1] = {cuuint64_t{hidden_} * 2};
+    cuuint32_t const box[2] = {tasks::gemm::kBlockK, kRouteTileTokens};
+    tasks::gemm::detail::encode_bf16_tiled(x_map, x, 2, dims, strides, box, "x (router tile)");
+    x_map_at = &const_cast<tasks::gemm::GemmOperands*>(route_gemm->device())->a_map;
+  }
   set_call<<<blocks, kThreads, 0, stream>>>(view, second, x, out, tokens, given_ids, given_weights,
-                                            ids.get(), weights.get(), slots);
+                                            ids.get(), weights.get(), slots, x_map, x_map_at);
   LOOM_CUDA(cudaGetLastError());
 }
 
@@ -88,6 +149,8 @@ void LayerBuffers::bind(MoEView& v) const {
   v.up_done = up_done.get();
   v.route_arrived = route_arrived.get();
   v.route_partial = route_partial.get();
+  v.route_ops = route_gemm ? route_gemm->device() : nullptr;
+  v.route_logits = route_logits.get();
 }
 
 void LayerBuffers::lower_counters() {

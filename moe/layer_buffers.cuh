@@ -4,10 +4,12 @@
 // symmetric window instead, so those two stay with the layers.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "moe/view.hpp"
 #include "runtime/cuda/device_buffer.hpp"
+#include "tasks/gemm/device_gemm.hpp"
 
 namespace loom::moe {
 
@@ -25,13 +27,15 @@ struct LayerBuffers {
                std::size_t rows, std::size_t slots, std::vector<bf16> const& router,
                std::vector<bf16> const& w1, std::vector<bf16> const& w2);
 
-  // Points the view's buffers at these (all but y and block_done).
+  // Points the view's buffers at these (all but y and block_done), and its route_ops at the
+  // router tile's operands when the shape routes on the tensor cores.
   void bind(MoEView& v) const;
   // Enqueues one call's words on `stream`, ahead of the persistent kernel: x, out, the token
   // count and whether routing is given, into `view` (device memory) and into `second` unless it
   // is null; with given routing (ids and weights, tokens x top_k each, on this device) also
-  // copies it into ids and weights. One launch whatever is given. The callers check that ids and
-  // weights are both given or both null.
+  // copies it into ids and weights; with the router on the tensor cores, the router tile's
+  // tensor map of x (which must then be 16-byte aligned). One launch whatever is given. The
+  // callers check that ids and weights are both given or both null.
   void enqueue_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out, std::uint32_t tokens,
                     std::uint32_t top_k, std::int32_t const* given_ids, float const* given_weights,
                     cudaStream_t stream);
@@ -44,6 +48,12 @@ struct LayerBuffers {
       row_source, rows_arrived, up_done, route_arrived;
   DeviceBuffer<std::int32_t> ids;
   DeviceBuffer<float> weights, route_partial;
+  // The router on the tensor cores (shape.tile_router): its logits and the tile's operands.
+  DeviceBuffer<float> route_logits;
+  std::unique_ptr<tasks::gemm::DeviceGemm> route_gemm;
+
+ private:
+  std::uint32_t hidden_ = 0;
 };
 
 }  // namespace loom::moe

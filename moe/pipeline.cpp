@@ -52,8 +52,11 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   v.max_tokens = c.max_tokens;
   v.token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
   v.route_blocks = route_blocks_for(c.max_tokens, v.token_block, c.hidden, c.experts);
-  if (v.token_block * v.route_blocks * route_bytes_per_token(c.hidden, c.experts) + 16 >
-      kRouteSharedBytes)
+  v.tile_router =
+      gemms.up.path == tasks::gemm::MmaPath::wgmma && routes_on_tile(c.hidden, c.experts);
+  if (!v.tile_router &&
+      v.token_block * v.route_blocks * route_bytes_per_token(c.hidden, c.experts) + 16 >
+          kRouteSharedBytes)
     throw Error("loom: MoEConfig: hidden=" + std::to_string(c.hidden) +
                 " with experts=" + std::to_string(c.experts) + " needs more than " +
                 std::to_string(kRouteSharedBytes) + " bytes of router staging per token");
@@ -63,7 +66,12 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   v.route_segments = std::min(RouteTokens::split_of(c.experts, kRouteWarps), v.route_slices);
   v.route_parts = 1;
   v.route_part_slices = v.route_slices;
-  if (spread_routes) spread_route_groups(v);
+  if (v.tile_router) {
+    v.route_blocks = tile_route_blocks_for(c.max_tokens, v.token_block);
+    v.max_routes = (v.max_blocks + v.route_blocks - 1) / v.route_blocks;
+  } else if (spread_routes) {
+    spread_route_groups(v);
+  }
   v.max_mtiles = max_mtiles(c.max_tokens, c.top_k, c.experts, v.tile_rows);
   v.activation = c.activation;
   v.score = c.router;
@@ -98,8 +106,16 @@ Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
   std::uint32_t const routes = shape.max_routes * shape.route_parts;
   EventId const routed = b.add_event(routes);
-  for (std::uint32_t route = 0; route < routes; ++route)
-    b.add_task(MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route));
+  for (std::uint32_t route = 0; route < routes; ++route) {
+    Task const task = MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route);
+    if (!shape.tile_router) {
+      b.add_task(task);
+      continue;
+    }
+    EventId const tiled = b.add_event(1);
+    b.add_task(MoEPipeline::make<RouteTile>(BlockPayload{view, route}, tiled, route));
+    b.add_task(task, {tiled});
+  }
   b.add_task(MoEPipeline::make<PlanExperts>(PlanExperts::Payload{view}), {routed});
   b.set_dynamic_bound(dynamic_bound(shape));
   return b.build();

@@ -11,12 +11,14 @@
 
 namespace loom::moe {
 
-using MoEPipeline =
-    Pipeline<RouteTokens, PlanExperts, GatherTokens, ExpertUp, ExpertDown, CombineTokens>;
+using MoEPipeline = Pipeline<RouteTile, RouteTokens, PlanExperts, GatherTokens, ExpertUp,
+                             ExpertDown, CombineTokens>;
 
 // The shape-derived part of a view (no pointers), and the type ids for dynamic emission. With
-// `spread_routes`, few route groups split the router's slices over several tasks (the layer's
-// own route tasks; expert-parallel dispatch routes each of its blocks whole).
+// wgmma expert tiles and a shape routes_on_tile admits the router runs on the tensor cores
+// (tile_router: up to kRouteTileTokens tokens per route task). Otherwise, with `spread_routes`,
+// few route groups split the router's slices over several tasks (the layer's own route tasks;
+// expert-parallel dispatch routes each of its groups whole).
 MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms,
                         bool spread_routes = true);
 
@@ -37,7 +39,8 @@ struct LayerShapes {
 };
 LayerShapes make_layer_shapes(MoEConfig const& config, tasks::gemm::MmaPath path);
 
-// The graph over a view that lives in the executor's memory at `view`.
+// The graph over a view that lives in the executor's memory at `view`: a route task per route
+// group (after that group's RouteTile with the router on the tensor cores), then the plan.
 Graph build_moe_graph(MoEView const& shape, MoEView const* view);
 
 // Dynamic tasks one call may emit: every possible up and down tile and every combine.

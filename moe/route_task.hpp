@@ -10,6 +10,7 @@
 #include "moe/view.hpp"
 #include "runtime/context.hpp"
 #include "tasks/gemm/ptx/mma_sync.cuh"
+#include "tasks/gemm_tile.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_pipeline.h>
@@ -45,13 +46,19 @@ struct RouteTokens {
   static constexpr unsigned shared_bytes = kRouteSharedBytes;  // token rows and logits
   using Payload = BlockPayload;
 
+  // A route task fails with kRoutingFailure + check_given_routing's code (token, offending id).
+  static constexpr std::uint32_t kRoutingFailure = 16;
+
   // Turns a failed routing check (code from check_given_routing, token, offending id) into words.
-  static std::string describe_failure(std::uint32_t code, std::uint64_t token, std::uint64_t id) {
+  static std::string describe_routing(std::uint32_t code, std::uint64_t token, std::uint64_t id) {
     std::string const t = "token " + std::to_string(token);
     std::string const e = std::to_string(static_cast<std::int32_t>(id));
     if (code == 1) return t + " names expert " + e + ", outside [-1, experts)";
     if (code == 2) return t + " names expert " + e + " twice";
     return t + " has a non-finite weight for expert " + e;
+  }
+  static std::string describe_failure(std::uint32_t code, std::uint64_t a, std::uint64_t b) {
+    return describe_routing(code - kRoutingFailure, a, b);
   }
 
   // Route task p.block: part p.block % route_parts of route group p.block / route_parts, which
@@ -155,7 +162,7 @@ struct RouteTokens {
       } else {
         std::int32_t offender = 0;
         if (std::uint32_t const bad = check_given_routing(v, t, offender)) {
-          ctx.fail(bad, t, static_cast<std::uint64_t>(offender));
+          ctx.fail(kRoutingFailure + bad, t, static_cast<std::uint64_t>(offender));
           return false;
         }
       }
@@ -554,7 +561,7 @@ struct RouteTokens {
     if (part == 0) route_device(v, group * v.route_blocks, v.route_blocks, ctx);
   }
 
-  // Routes token blocks [first, first + blocks), at most kMaxTokenBlock tokens (those within
+  // Routes token blocks [first, first + blocks), at most kRouteTileTokens tokens (those within
   // this call's tokens), the whole router in this task. Whole block.
   __device__ static void route_device(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
                                       TaskContext& ctx) {
@@ -567,8 +574,25 @@ struct RouteTokens {
     float* const logits = reinterpret_cast<float*>(smem);
     std::size_t const logit_bytes = std::size_t{v.route_segments} * n * v.experts * sizeof(float);
     bool const given = v.call[1] != 0;
-    if (!given) router_logits(v, t0, n, logits, smem + (logit_bytes + 15) / 16 * 16);
+    if (!given && v.route_ops)
+      tile_logits(v, t0, n, logits);
+    else if (!given)
+      router_logits(v, t0, n, logits, smem + (logit_bytes + 15) / 16 * 16);
     pick_experts(v, first, blocks, t0, n, logits, ctx);
+  }
+
+  // The logits of tokens [t0, t0 + n), n <= kRouteTileTokens, into logits[n][experts] (shared
+  // memory), from route_logits, where this group's RouteTile wrote them (it completed before this
+  // task started). Whole block.
+  __device__ static void tile_logits(MoEView const& v, std::uint32_t t0, std::uint32_t n,
+                                     float* logits) {
+    std::uint32_t const experts = v.experts, columns = route_columns(experts);
+    float const* const from = v.route_logits + std::size_t{t0} * columns;
+    for (std::uint32_t i = threadIdx.x; i < n * experts; i += blockDim.x) {
+      std::uint32_t const t = i / experts;
+      logits[i] = __ldcg(from + t * columns + (i - t * experts));
+    }
+    __syncthreads();
   }
 
   // A part of a spread group (route_parts > 1, fused router); the last part picks the experts.
@@ -608,7 +632,7 @@ struct RouteTokens {
     std::uint32_t const code = outside ? 1u : repeated ? 2u : non_finite ? 3u : 0u;
     if (unsigned const bad = __ballot_sync(0xFFFFFFFFu, code != 0)) {
       if (lane == static_cast<unsigned>(__ffs(bad) - 1)) {
-        ctx.fail(code, token, static_cast<std::uint64_t>(id));
+        ctx.fail(kRoutingFailure + code, token, static_cast<std::uint64_t>(id));
         failed = true;
       }
       return 0;
@@ -624,7 +648,7 @@ struct RouteTokens {
                                       std::uint32_t t0, std::uint32_t n, float* logits,
                                       TaskContext& ctx) {
     std::uint32_t const tokens = v.call[0], token_block = v.token_block;
-    __shared__ std::uint32_t pairs[kMaxTokenBlock];  // per token block
+    __shared__ std::uint32_t pairs[kMaxRouteBlocks];  // per token block
     __shared__ bool failed;
     for (std::uint32_t b = threadIdx.x; b < blocks; b += blockDim.x) pairs[b] = 0;
     if (threadIdx.x == 0) failed = false;
@@ -665,6 +689,46 @@ struct RouteTokens {
       v.block_pairs[block] = pairs[b];
       if (pairs[b] == 0) emit_combine(v, block, ctx);
     }
+  }
+#endif
+};
+
+// The router on the tensor cores: route group `block`'s tokens times the router as one GEMM tile
+// (tasks/gemm_tile.hpp, fp32 into route_logits), ahead of that group's route task, which scores
+// the logits and picks the experts. A task type of its own, whose body is the tile alone, as the
+// expert tiles' are: inlined in a body that also routes, ptxas serialized the wgmma of every tile
+// in the kernel. On a call with the caller's routing, and on the CPU executor (whose route
+// computes the logits itself), it does nothing.
+struct RouteTile {
+  static constexpr char const* name = "moe_route_tile";
+  // Its own instantiation of the GEMM task: sharing the up-projection's, the GEMM's functions had
+  // two callers in the kernel and became calls.
+  struct LogitSink : tasks::gemm::LocalTileSink {};
+  using RouterGemm = tasks::GemmTileTask<LogitSink, false, false>;
+  static constexpr unsigned threads = RouterGemm::threads;
+  static constexpr unsigned shared_bytes = RouterGemm::shared_bytes;
+  using Payload = BlockPayload;
+
+  static std::string describe_failure(std::uint32_t code, std::uint64_t a, std::uint64_t b) {
+    return RouterGemm::describe_failure(code, a, b);
+  }
+
+  static void host(Payload const&, TaskContext&) {}
+#if defined(__CUDACC__)
+  // The call's words rewrote the tile's tensor map of x (LayerBuffers::enqueue_call): each thread
+  // orders its TMA reads of the map after those writes before the tile runs. Whole block.
+  __device__ static void device(Payload const& p, TaskContext& ctx) {
+    MoEView const& v = *p.view;
+    std::uint32_t const tokens = v.call[0], t0 = p.block * v.route_blocks * v.token_block;
+    if (v.call[1] != 0 || !v.route_ops || t0 >= tokens) return;
+    tasks::gemm::GemmOperands const* const ops = v.route_ops;
+    tasks::gemm::ptx::fence_tensormap_acquire(&ops->a_map);
+    typename RouterGemm::Payload g{};
+    g.ops = ops;
+    g.a_row0 = t0;
+    g.c_row0 = t0;
+    g.rows = static_cast<std::uint16_t>(min(tokens - t0, v.route_blocks * v.token_block));
+    RouterGemm::device(g, ctx);
   }
 #endif
 };

@@ -79,6 +79,41 @@ inline constexpr std::uint32_t kRouteWarps = 12;  // warps of a route task's blo
 // A spread route group: 32 tokens (two m16 tiles of logits).
 inline constexpr std::uint32_t kRouteGroupTokens = 32;
 
+// The router on the tensor cores (MoEView::route_ops): each route group's tokens, up to
+// kRouteTileTokens, times the router as one GEMM tile (RouteTile: tasks/gemm_tile.hpp, wgmma +
+// TMA, 64 rows by 128 or 256 columns), for layers of kMinTileRouterExperts to
+// kMaxTileRouterExperts experts and a hidden size up to kMaxTileRouterHidden: where it was
+// measured faster than the mma.sync route tasks (docs/moe.md, "The router on the tensor cores";
+// below 128 experts they were as fast or faster, and at hidden = 7168 the tile's long K on one SM
+// made decode slower). The tile's configuration depends on hidden and experts alone, and a row's
+// sums do not depend on the other rows of its tile, so the routing is bitwise the same whichever
+// tasks route which tokens (and on every rank count of an expert-parallel layer).
+inline constexpr std::uint32_t kRouteTileTokens = 64;
+inline constexpr std::uint32_t kMinTileRouterExperts = 128;
+inline constexpr std::uint32_t kMaxTileRouterExperts = 256;
+inline constexpr std::uint32_t kMaxTileRouterHidden = 4096;
+// Whether a layer of wgmma tiles routes on the tensor cores: by its hidden size and experts
+// alone, so that every rank count of an expert-parallel layer routes alike.
+inline constexpr bool routes_on_tile(std::uint32_t hidden, std::uint32_t experts) {
+  return experts >= kMinTileRouterExperts && experts <= kMaxTileRouterExperts &&
+         hidden <= kMaxTileRouterHidden;
+}
+// Token blocks one route task may cover: kRouteTileTokens of one-token blocks.
+inline constexpr std::uint32_t kMaxRouteBlocks = kRouteTileTokens;
+// Token blocks per route task with the router on the tensor cores: as route_blocks_for, while
+// there are more than kRouteTasks route tasks, but up to a whole tile of tokens (the tile reads
+// the router once for all of them; its rows past the tokens cost no memory traffic).
+inline std::uint32_t tile_route_blocks_for(std::uint32_t max_tokens, std::uint32_t token_block) {
+  std::uint32_t tokens = token_block;
+  while (2 * tokens <= kRouteTileTokens && max_tokens / tokens > kRouteTasks) tokens *= 2;
+  return tokens / token_block;
+}
+// The router's columns as the tile computes them: experts rounded up to 8 (zero rows of the
+// router past the experts).
+inline constexpr std::uint32_t route_columns(std::uint32_t experts) {
+  return (experts + 7) / 8 * 8;
+}
+
 // M-tiles per group (MoEView::mtile_group): with N-tiles 256 wide, 8 M-tiles of an
 // up-projection are 8 x (up columns / 256) tiles, about one wave of processors at ffn = 2048.
 inline constexpr std::uint32_t kMTileGroup = 8;
@@ -111,6 +146,8 @@ struct MoEView {
   std::uint32_t route_segments;     // runs of slices summed apart, then in order
   std::uint32_t route_parts;        // route tasks per group: 1, or parts that split its slices
   std::uint32_t route_part_slices;  // slices per part (route_parts > 1)
+  // Routes on the tensor cores (route_ops on a GPU): kRouteTileTokens tokens per route task.
+  bool tile_router;
   Activation activation;
   RouterScore score;
   bool renormalize;
@@ -144,6 +181,12 @@ struct MoEView {
   // per group (lowered by the last, which sums the slices and picks the experts).
   float* route_partial;          // [route_slices][max_tokens][experts]
   std::uint32_t* route_arrived;  // [max_routes]
+  // The router on the tensor cores (GPU layers of wgmma tiles, experts up to
+  // kMaxTileRouterExperts; null otherwise): a GEMM of A = x (its tensor map rewritten for each
+  // call), B = the router padded to route_columns(experts) rows, C = route_logits (fp32,
+  // [max_tokens][route_columns(experts)]).
+  tasks::gemm::GemmOperands const* route_ops;
+  float* route_logits;
 
   // Expert pools.
   bf16* pool;                 // [T*k][H] gathered token rows

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "moe/cpu_layer.hpp"
 #include "moe/ep_cpu_layer.hpp"
@@ -415,12 +416,22 @@ TEST(EpCpu, ManyLocalExpertsInEveryBinSizeMatchReference) {
 
 // The same global problem split over 1, 2, 4 and 8 ranks (and on the single-rank layer) gives
 // bitwise the same output: each row is computed the same way wherever it lands, and combined
-// in top-k order.
-TEST(EpCpu, OutputIsBitwiseIdenticalAcrossWorldSizes) {
-  std::uint32_t const global_tokens = 96;
+// in top-k order. With 16 experts the route tasks take one token block each; with 128 the shape
+// is the router tile's, whose route groups span several token blocks on some world sizes.
+class EpCpuWorlds : public ::testing::TestWithParam<std::pair<std::uint32_t, std::uint32_t>> {};
+INSTANTIATE_TEST_SUITE_P(ExpertsAndTokens, EpCpuWorlds,
+                         ::testing::Values(std::pair{16u, 96u}, std::pair{128u, 1536u}));
+
+TEST_P(EpCpuWorlds, OutputIsBitwiseIdenticalAcrossWorldSizes) {
+  auto const [experts, global_tokens] = GetParam();
   std::uint64_t const seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  MoEConfig const whole = ep_config(16, 4, global_tokens);
+  MoEConfig const whole = ep_config(experts, 4, global_tokens);
+  if (experts >= kMinTileRouterExperts) {
+    MoEView const shape = make_ep_shape(whole, EpPlacement{0, 1}, choose_ep_gemms(whole, 1)).local;
+    ASSERT_TRUE(shape.tile_router);
+    ASSERT_GT(shape.route_blocks, 1u);
+  }
   MoEWeights const w = random_weights(whole, seed);
   auto const x = random_tokens(whole, global_tokens, seed);
   std::vector<bf16> single(x.size());

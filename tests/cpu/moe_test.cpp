@@ -50,12 +50,14 @@ class CpuMoE : public ::testing::TestWithParam<Case> {};
 // Only the combines run as calls on the device (their sums need the registers to themselves);
 // every other body, the GEMM tiles' wgmma pipelines among them, is inlined into the kernel.
 TEST(CpuMoE, OnlyTheCombinesRunAsCalls) {
+  EXPECT_FALSE(MoEPipeline::called<RouteTile>);
   EXPECT_FALSE(MoEPipeline::called<RouteTokens>);
   EXPECT_FALSE(MoEPipeline::called<PlanExperts>);
   EXPECT_FALSE(MoEPipeline::called<GatherTokens>);
   EXPECT_FALSE(MoEPipeline::called<ExpertUp>);
   EXPECT_FALSE(MoEPipeline::called<ExpertDown>);
   EXPECT_TRUE(MoEPipeline::called<CombineTokens>);
+  EXPECT_FALSE(EpPipeline::called<RouteTile>);
   EXPECT_FALSE(EpPipeline::called<RouteBlock>);
   EXPECT_FALSE(EpPipeline::called<PlanDispatch>);
   EXPECT_FALSE(EpPipeline::called<SendBlocks>);
@@ -381,21 +383,23 @@ TEST(CpuMoE, SameInputsGiveBitwiseSameOutput) {
   }
 }
 
-// With few route groups, each group's router slices are spread over several route tasks and the
-// last one sums them. The routing matches the float64 scores, and routing and output are bitwise
-// those of a layer whose route tasks each read the whole router (many groups).
+// On the decomposition of the mma.sync layers, with few route groups, each group's router slices
+// are spread over several route tasks and the last one sums them. The routing matches the float64
+// scores, and routing and output are bitwise those of a layer whose route tasks each read the
+// whole router (many groups).
 TEST(CpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
+  using loom::tasks::gemm::MmaPath;
   MoEConfig few = small_config(Activation::swiglu, 16, 4);
   few.hidden = 1024;
   few.max_tokens = 96;
   MoEConfig many = few;
   many.max_tokens = 4096;
-  ASSERT_GT(make_view_shape(few, choose_expert_gemms(few)).route_parts, 1u);
-  ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many)).route_parts, 1u);
+  ASSERT_GT(make_view_shape(few, choose_expert_gemms(few, MmaPath::mma_sync)).route_parts, 1u);
+  ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many, MmaPath::mma_sync)).route_parts, 1u);
   std::uint64_t const seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(few, seed);
-  CpuMoELayer spread(few, w), whole(many, w);
+  CpuMoELayer spread(few, w, {}, MmaPath::mma_sync), whole(many, w, {}, MmaPath::mma_sync);
   for (std::uint32_t tokens : {90u, 1u, 96u}) {
     auto const x = random_tokens(few, tokens, seed + tokens);
     auto a = poisoned(std::size_t{tokens} * few.hidden), b = a;
@@ -404,6 +408,46 @@ TEST(CpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
     SCOPED_TRACE("tokens " + std::to_string(tokens));
     checks::expect_matches_reference(few, w, x, tokens, spread, a);
     checks::expect_bitwise_equal(spread, a, whole, b);
+  }
+}
+
+// The wgmma layers of 128 to 256 experts route up to kRouteTileTokens tokens per route task (the
+// router tile) while keeping kRouteTasks of them, the mma.sync layers at most kMaxTokenBlock;
+// fewer or more experts, or a larger hidden size, keep the router on mma.sync. A call whose
+// tokens end inside a route group matches the reference.
+TEST(CpuMoE, TileRouterShapeRoutesATileOfTokensPerTask) {
+  using loom::tasks::gemm::MmaPath;
+  MoEConfig c = small_config(Activation::swiglu, kMinTileRouterExperts, 2);
+  c.max_tokens = 600;
+  MoEView const tiled = make_view_shape(c, choose_expert_gemms(c));
+  ASSERT_TRUE(tiled.tile_router);
+  EXPECT_LE(tiled.route_blocks * tiled.token_block, kRouteTileTokens);
+  EXPECT_EQ(tiled.max_routes, (tiled.max_blocks + tiled.route_blocks - 1) / tiled.route_blocks);
+  EXPECT_EQ(tile_route_blocks_for(16384, 32) * 32, kRouteTileTokens);
+  EXPECT_EQ(tile_route_blocks_for(4096, 32), 1u);  // 128 route tasks of 32 tokens
+  EXPECT_EQ(tile_route_blocks_for(128, 1), 1u);
+  MoEView const fallback = make_view_shape(c, choose_expert_gemms(c, MmaPath::mma_sync));
+  EXPECT_FALSE(fallback.tile_router);
+  EXPECT_LE(fallback.route_blocks * fallback.token_block, kMaxTokenBlock);
+  MoEConfig other = c;
+  for (std::uint32_t experts : {kMinTileRouterExperts - 8, kMaxTileRouterExperts + 8}) {
+    other.experts = experts;
+    EXPECT_FALSE(make_view_shape(other, choose_expert_gemms(other)).tile_router) << experts;
+  }
+  other = c;
+  other.hidden = kMaxTileRouterHidden + 1024;
+  EXPECT_FALSE(make_view_shape(other, choose_expert_gemms(other)).tile_router);
+
+  std::uint64_t const seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  CpuMoELayer layer(c, w);
+  for (std::uint32_t tokens : {1u, 63u, 65u, 301u, 600u}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    auto const x = random_tokens(c, tokens, seed + tokens);
+    auto out = poisoned(std::size_t{tokens} * c.hidden);
+    layer.forward(x.data(), tokens, out.data());
+    checks::expect_matches_reference(c, w, x, tokens, layer, out);
   }
 }
 

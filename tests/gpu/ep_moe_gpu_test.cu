@@ -153,12 +153,16 @@ TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, EpGpu, ::testing::Values(1u, 2u, 4u, 8u));
 
-// One global problem over 1, 2, 4 and 8 GPUs (those present): bitwise the same output.
-TEST(EpGpu, OutputIsBitwiseIdenticalAcrossWorldSizes) {
+// One global problem over 1, 2, 4 and 8 GPUs (those present): bitwise the same output. With 16
+// experts the router runs in the route tasks (mma.sync), with 128 on the tensor cores (RouteTile).
+class EpGpuWorlds : public ::testing::TestWithParam<std::uint32_t> {};
+INSTANTIATE_TEST_SUITE_P(Experts, EpGpuWorlds, ::testing::Values(16u, 128u));
+
+TEST_P(EpGpuWorlds, OutputIsBitwiseIdenticalAcrossWorldSizes) {
   LOOM_REQUIRE_GPUS(2);
   std::uint32_t const global_tokens = 512;
-  MoEConfig const whole =
-      moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, global_tokens);
+  MoEConfig const whole = moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256,
+                                           GetParam(), 2, global_tokens);
   std::uint64_t const seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(whole, seed);

@@ -79,20 +79,64 @@ INSTANTIATE_TEST_SUITE_P(
         Case{config(Activation::swiglu, RouterScore::sigmoid, 512, 256, 64, 8, 256), 200},
         Case{config(Activation::swiglu, RouterScore::softmax, 128, 128, 4, 2, 64), 1}));
 
-// With few route groups each group's router slices are spread over several route tasks, the last
-// of which sums them: the routing matches the float64 scores, and routing and output are bitwise
-// those of a layer whose route tasks each read the whole router.
+// The router on the tensor cores (a GEMM tile of kRouteTileTokens rows per route task) gives a
+// token the same routing whatever its place in its tile and whichever call routes it: a call of
+// `tokens` tokens and one of the same tokens after `shift` others (a different x, so a rewritten
+// map, and every token at another row of another tile) agree bitwise on ids and weights, and both
+// match the float64 scores. x must be 16-byte aligned for the tile's TMA reads.
+TEST(GpuMoE, TileRouterRoutesATokenAlikeAtAnyRowOfAnyCall) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 512, 256, 128, 4, 512);
+  ASSERT_TRUE(make_view_shape(c, choose_expert_gemms(c)).tile_router);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  GpuMoELayer layer(c, w);
+  std::uint32_t const tokens = 300, shift = 37;
+  auto const shifted = random_tokens(c, tokens + shift, seed + 1);
+  std::vector<bf16> const x(shifted.begin() + std::size_t{shift} * c.hidden, shifted.end());
+  loom::DeviceBuffer<bf16> dx(x), dshifted(shifted), dout(shifted.size());
+  layer.forward(dx.get(), tokens, dout.get());
+  layer.check();
+  auto const ids = layer.topk_ids();
+  auto const wts = layer.topk_weights();
+  ASSERT_EQ(check_routing(c, reference_scores(c, w, x.data(), tokens), tokens, ids.data(),
+                          wts.data(), 1e-3),
+            "");
+  layer.forward(dshifted.get(), tokens + shift, dout.get());
+  layer.check();
+  auto const ids2 = layer.topk_ids();
+  auto const wts2 = layer.topk_weights();
+  std::size_t const k = c.top_k, at = std::size_t{shift} * k;
+  ASSERT_EQ(check_routing(c, reference_scores(c, w, shifted.data(), tokens + shift), tokens + shift,
+                          ids2.data(), wts2.data(), 1e-3),
+            "");
+  for (std::size_t i = 0; i < std::size_t{tokens} * k; ++i) {
+    ASSERT_EQ(ids[i], ids2[at + i]) << "token " << i / k << " slot " << i % k;
+    ASSERT_EQ(0, std::memcmp(&wts[i], &wts2[at + i], sizeof(float)))
+        << "token " << i / k << " slot " << i % k;
+  }
+  loom::DeviceBuffer<unsigned char> bytes(shifted.size() * sizeof(bf16) + 16);
+  EXPECT_THROW(layer.forward(reinterpret_cast<bf16 const*>(bytes.get() + 2), 8, dout.get()),
+               loom::Error);
+}
+
+// On the fallback path (mma.sync tiles, the router on mma.sync too), with few route groups each
+// group's router slices are spread over several route tasks, the last of which sums them: the
+// routing matches the float64 scores, and routing and output are bitwise those of a layer whose
+// route tasks each read the whole router.
 TEST(GpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
   LOOM_REQUIRE_GPU();
+  using loom::tasks::gemm::MmaPath;
   MoEConfig const few = config(Activation::swiglu, RouterScore::softmax, 1024, 256, 64, 8, 128);
   MoEConfig many = few;
   many.max_tokens = 4096;
-  ASSERT_GT(make_view_shape(few, choose_expert_gemms(few)).route_parts, 1u);
-  ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many)).route_parts, 1u);
+  ASSERT_GT(make_view_shape(few, choose_expert_gemms(few, MmaPath::mma_sync)).route_parts, 1u);
+  ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many, MmaPath::mma_sync)).route_parts, 1u);
   std::uint64_t const seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   MoEWeights const w = random_weights(few, seed);
-  GpuMoELayer spread(few, w), whole(many, w);
+  GpuMoELayer spread(few, w, {}, MmaPath::mma_sync), whole(many, w, {}, MmaPath::mma_sync);
   for (std::uint32_t tokens : {128u, 45u, 1u}) {
     auto const x = random_tokens(few, tokens, seed + tokens);
     loom::DeviceBuffer<bf16> dx(x), da(std::size_t{tokens} * few.hidden), db(da.size());

@@ -19,6 +19,17 @@
 
 namespace loom::tasks::gemm::ptx {
 
+// A tensor map rewritten in global memory between launches (by generic stores): the writer
+// releases its stores to the tensor-map proxy, and each thread that copies through the map
+// acquires it first, so that its copies do not read an older copy of the map.
+LOOM_DEVICE LOOM_INLINE void fence_tensormap_release() {
+  cuda::ptx::fence_proxy_tensormap_generic(cuda::ptx::sem_release, cuda::ptx::scope_gpu);
+}
+LOOM_DEVICE LOOM_INLINE void fence_tensormap_acquire(void const* map) {
+  cuda::ptx::fence_proxy_tensormap_generic(cuda::ptx::sem_acquire, cuda::ptx::scope_gpu, map,
+                                           cuda::ptx::n32_t<128>{});
+}
+
 // One thread. The barrier completes a phase after `count` arrivals (and all expected bytes).
 LOOM_DEVICE LOOM_INLINE void mbarrier_init(std::uint64_t* bar, std::uint32_t count) {
   cuda::ptx::mbarrier_init(bar, count);
