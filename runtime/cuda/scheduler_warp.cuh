@@ -99,9 +99,10 @@ __device__ __forceinline__ std::uint32_t pop_batch(QueueView q, std::uint64_t& h
 
 // Takes in the processors' report words (see report_word), 32 x kScanLoads per round trip to
 // memory: adds the tasks they completed to `completed`, keeps `waiting` the number of processors
-// whose last report says they wait, and appends their new credits to the idle ring at `idle_tail`,
-// whose slot is `idle_tail_slot`, in processor order. True when any word moved. Whole warp;
-// processor p is always lane p % 32's, so each lane reads back only its own reports_seen.
+// whose last report says they wait (with s.waiting_first, the only reader of that count), and
+// appends their new credits to the idle ring at `idle_tail`, whose slot is `idle_tail_slot`, in
+// processor order. True when any word moved. Whole warp; processor p is always lane p % 32's, so
+// each lane reads back only its own reports_seen.
 inline constexpr std::uint32_t kScanLoads = 8;
 __device__ __forceinline__ bool scan_reports(RuntimeState const& s, SchedulerPrivate const& own,
                                              std::uint64_t& completed, std::uint32_t& waiting,
@@ -117,14 +118,13 @@ __device__ __forceinline__ bool scan_reports(RuntimeState const& s, SchedulerPri
       word[k] = p < s.processors ? load_relaxed(s.reports[p]) : 0;
       seen[k] = p < s.processors ? own.reports_seen[p] : 0;
     }
-    std::uint32_t done = 0, now_waiting = 0, was_waiting = 0;
+    std::uint32_t done = 0, waiting_change = 0;  // both modulo 2^32
     bool changed = false;
 #pragma unroll
     for (std::uint32_t k = 0; k < kScanLoads; ++k) {
       std::uint32_t const p = base + 32 * k + lane;
       done += report_completed(word[k]) - report_completed(seen[k]);  // modulo 2^32
-      now_waiting += report_waiting(word[k]) ? 1 : 0;
-      was_waiting += report_waiting(seen[k]) ? 1 : 0;
+      waiting_change += (report_waiting(word[k]) ? 1u : 0u) - (report_waiting(seen[k]) ? 1u : 0u);
       bool const credit = report_credits(word[k]) != report_credits(seen[k]);
       unsigned const credits = __ballot_sync(0xFFFFFFFFu, credit);
       if (credit)
@@ -138,8 +138,7 @@ __device__ __forceinline__ bool scan_reports(RuntimeState const& s, SchedulerPri
       }
     }
     completed += __reduce_add_sync(0xFFFFFFFFu, done);
-    waiting +=
-        __reduce_add_sync(0xFFFFFFFFu, now_waiting) - __reduce_add_sync(0xFFFFFFFFu, was_waiting);
+    if (s.waiting_first) waiting += __reduce_add_sync(0xFFFFFFFFu, waiting_change);
     moved = __any_sync(0xFFFFFFFFu, changed) || moved;
   }
   return moved;
