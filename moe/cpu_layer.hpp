@@ -13,8 +13,9 @@ namespace loom::moe {
 class CpuMoELayer {
  public:
   // `path`: the GPU layer whose decomposition this one follows (with mma_sync, the router's
-  // slices of a few route groups are spread over several tasks; with wgmma, the router is a
-  // tile of kRouteTileTokens tokens per route task).
+  // slices of a few route groups are spread over several tasks; with wgmma and a shape
+  // routes_on_tile admits, route groups of up to kRouteTileTokens tokens, each after its
+  // RouteTile, which does nothing here: the route task computes the logits itself).
   CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options = {},
               tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
 

@@ -146,7 +146,8 @@ struct MoEView {
   std::uint32_t route_segments;     // runs of slices summed apart, then in order
   std::uint32_t route_parts;        // route tasks per group: 1, or parts that split its slices
   std::uint32_t route_part_slices;  // slices per part (route_parts > 1)
-  // Routes on the tensor cores (route_ops on a GPU): kRouteTileTokens tokens per route task.
+  // Routes on the tensor cores (routes_on_tile; route_ops on a GPU): route groups of up to
+  // kRouteTileTokens tokens (tile_route_blocks_for), each a RouteTile before its route task.
   bool tile_router;
   Activation activation;
   RouterScore score;
@@ -181,10 +182,9 @@ struct MoEView {
   // per group (lowered by the last, which sums the slices and picks the experts).
   float* route_partial;          // [route_slices][max_tokens][experts]
   std::uint32_t* route_arrived;  // [max_routes]
-  // The router on the tensor cores (GPU layers of wgmma tiles, experts up to
-  // kMaxTileRouterExperts; null otherwise): a GEMM of A = x (its tensor map rewritten for each
-  // call), B = the router padded to route_columns(experts) rows, C = route_logits (fp32,
-  // [max_tokens][route_columns(experts)]).
+  // The router on the tensor cores (GPU layers whose shape has tile_router; null otherwise): a
+  // GEMM of A = x (its tensor map rewritten for each call), B = the router padded to
+  // route_columns(experts) rows, C = route_logits (fp32, [max_tokens][route_columns(experts)]).
   tasks::gemm::GemmOperands const* route_ops;
   float* route_logits;
 
