@@ -696,13 +696,13 @@ struct RouteTokens {
 // The router on the tensor cores: route group `block`'s tokens times the router as one GEMM tile
 // (tasks/gemm_tile.hpp, fp32 into route_logits), ahead of that group's route task, which scores
 // the logits and picks the experts. A task type of its own, whose body is the tile alone, as the
-// expert tiles' are: inlined in a body that also routes, ptxas serialized the wgmma of every tile
-// in the kernel. On a call with the caller's routing, and on the CPU executor (whose route
+// expert tiles' are: inlined in a body that also routes, ptxas reported the kernel's wgmma
+// serialized (C7510). On a call with the caller's routing, and on the CPU executor (whose route
 // computes the logits itself), it does nothing.
 struct RouteTile {
   static constexpr char const* name = "moe_route_tile";
-  // Its own instantiation of the GEMM task: sharing the up-projection's, the GEMM's functions had
-  // two callers in the kernel and became calls.
+  // Its own instantiation of the GEMM task: sharing the up-projection's, ptxas reported the
+  // kernel's wgmma serialized (C7510).
   struct LogitSink : tasks::gemm::LocalTileSink {};
   using RouterGemm = tasks::GemmTileTask<LogitSink, false, false>;
   static constexpr unsigned threads = RouterGemm::threads;
