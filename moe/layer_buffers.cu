@@ -118,10 +118,8 @@ void LayerBuffers::enqueue_call(MoEView* view, MoEView* second, bf16 const* x, b
   if (route_gemm && !given_ids && tokens > 0) {
     if (reinterpret_cast<std::uintptr_t>(x) % 16 != 0)
       throw Error("loom: x must be 16-byte aligned (the router reads it with TMA)");
-    cuuint64_t const dims[2] = {hidden_, tokens};
-    cuuint64_t const strides[1] = {cuuint64_t{hidden_} * 2};
-    cuuint32_t const box[2] = {tasks::gemm::kBlockK, kRouteTileTokens};
-    tasks::gemm::detail::encode_bf16_tiled(x_map, x, 2, dims, strides, box, "x (router tile)");
+    tasks::gemm::encode_a_map(x_map, x, hidden_, tokens, hidden_, kRouteTileTokens,
+                              "x (router tile)");
     x_map_at = &const_cast<tasks::gemm::GemmOperands*>(route_gemm->device())->a_map;
   }
   set_call<<<blocks, kThreads, 0, stream>>>(view, second, x, out, tokens, given_ids, given_weights,

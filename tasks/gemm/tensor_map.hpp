@@ -48,15 +48,22 @@ inline void encode_bf16_tiled(TensorMapBytes& out, void const* base, cuuint32_t 
 }
 }  // namespace detail
 
-// Fills op.a_map (2-D {k, a_rows}, box {64, block_m}) and op.b_map (3-D {k, n, experts}, box
-// {64, block_n, 1}), both bf16 with 128-byte swizzle; reads past an extent come back as zeros.
-// With bf16 output, also op.c_map (2-D {n_out, c_rows}, box {64, 64}, 128-byte swizzle; stores
-// past an extent are dropped). op.a, op.b and op.c must be device pointers.
+// An A operand's map: `rows` rows of k bf16 values, `ld` apart, read in boxes of {64, box_rows}
+// (2-D {k, rows}, 128-byte swizzle; rows and columns past the extent read as zeros).
+inline void encode_a_map(TensorMapBytes& out, void const* a, std::uint32_t k, std::uint64_t rows,
+                         std::uint64_t ld, std::uint32_t box_rows, char const* what) {
+  cuuint64_t const dims[2] = {k, rows};
+  cuuint64_t const strides[1] = {ld * 2};
+  cuuint32_t const box[2] = {kBlockK, box_rows};
+  detail::encode_bf16_tiled(out, a, 2, dims, strides, box, what);
+}
+
+// Fills op.a_map (2-D {k, a_rows}, box {64, block_m}: encode_a_map) and op.b_map (3-D {k, n,
+// experts}, box {64, block_n, 1}), both bf16 with 128-byte swizzle; reads past an extent come back
+// as zeros. With bf16 output, also op.c_map (2-D {n_out, c_rows}, box {64, 64}, 128-byte swizzle;
+// stores past an extent are dropped). op.a, op.b and op.c must be device pointers.
 inline void encode_tensor_maps(GemmOperands& op) {
-  cuuint64_t const a_dims[2] = {op.k, op.a_rows};
-  cuuint64_t const a_strides[1] = {cuuint64_t{op.lda} * 2};
-  cuuint32_t const a_box[2] = {kBlockK, op.config.block_m};
-  detail::encode_bf16_tiled(op.a_map, op.a, 2, a_dims, a_strides, a_box, "A");
+  encode_a_map(op.a_map, op.a, op.k, op.a_rows, op.lda, op.config.block_m, "A");
   cuuint64_t const b_dims[3] = {op.k, op.n, op.experts};
   cuuint64_t const b_strides[2] = {cuuint64_t{op.k} * 2, cuuint64_t{op.n} * op.k * 2};
   cuuint32_t const b_box[3] = {kBlockK, op.config.block_n, 1};
