@@ -54,13 +54,15 @@ LOOM_HD inline void bin_token(EpView const& ep, std::uint32_t token) {
   }
 }
 
-// Tokens and chunks rank d gets from this one: the sums over its bins (one thread).
+// Tokens and chunks rank d gets from this one: the sums over its bins. A share sums bins lane,
+// lane + lanes, ... (one thread: lanes = 1, all of them; a warp sums its lanes' shares).
 struct DestinationTotals {
   std::uint32_t rows, chunks;
 };
-inline DestinationTotals totals_for(EpView const& ep, std::uint32_t d) {
+LOOM_HD inline DestinationTotals totals_share(EpView const& ep, std::uint32_t d, std::uint32_t lane,
+                                              std::uint32_t lanes) {
   DestinationTotals t{0, 0};
-  for (std::uint32_t e = 0; e < ep.local_experts; ++e) {
+  for (std::uint32_t e = lane; e < ep.local_experts; e += lanes) {
     std::uint32_t const rows = load_relaxed(ep.bin_rows[d * ep.local_experts + e]);
     t.rows += rows;
     t.chunks += chunks_of(ep, rows);
@@ -355,7 +357,7 @@ struct PlanDispatch {
       Watchdog dog = ctx.watchdog(WaitSite::signal, d);
       if (!SymmetricView::wait(&ep.ack[d], ep.last_sent[d], dog)) return;
       std::vector<std::uint32_t> message(words);
-      DestinationTotals const totals = totals_for(ep, d);
+      DestinationTotals const totals = totals_share(ep, d, 0, 1);
       for (std::uint32_t i = 0; i < words; ++i) message[i] = message_word(ep, d, i, totals);
       heap.put_serial(d, ep.inbox + std::size_t{ep.rank} * words, message.data(),
                       words * sizeof(std::uint32_t));
@@ -377,14 +379,9 @@ struct PlanDispatch {
     std::uint32_t const world = ep.skip_sends ? 0u : ep.world;
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (std::uint32_t d = warp; d < world; d += blockDim.x / 32) {
-      std::uint32_t rows = 0, chunks = 0;
-      for (std::uint32_t e = lane; e < ep.local_experts; e += 32) {
-        std::uint32_t const n = load_relaxed(ep.bin_rows[d * ep.local_experts + e]);
-        rows += n;
-        chunks += chunks_of(ep, n);
-      }
-      rows = __reduce_add_sync(0xFFFFFFFFu, rows);
-      chunks = __reduce_add_sync(0xFFFFFFFFu, chunks);
+      DestinationTotals const t = totals_share(ep, d, lane, 32);
+      std::uint32_t const rows = __reduce_add_sync(0xFFFFFFFFu, t.rows);
+      std::uint32_t const chunks = __reduce_add_sync(0xFFFFFFFFu, t.chunks);
       if (lane == 0) totals[d] = {rows, chunks};
     }
     if (threadIdx.x == 0) {

@@ -280,7 +280,15 @@ TEST(EpCpu, SendOrderNumbersEveryRowAndChunkOnceExpertByExpert) {
           for (std::uint32_t r = ch.first; r < ch.first + ch.rows; ++r) ++row_seen[ch.dest][r];
         }
         for (std::uint32_t d = 0; d < world; ++d) {
-          DestinationTotals const t = totals_for(ep, d);
+          DestinationTotals const t = totals_share(ep, d, 0, 1);
+          DestinationTotals by_lanes{0, 0};  // the plan task's warp: 32 shares, summed
+          for (std::uint32_t lane = 0; lane < 32; ++lane) {
+            DestinationTotals const share = totals_share(ep, d, lane, 32);
+            by_lanes.rows += share.rows;
+            by_lanes.chunks += share.chunks;
+          }
+          EXPECT_EQ(by_lanes.rows, t.rows) << "destination " << d;
+          EXPECT_EQ(by_lanes.chunks, t.chunks) << "destination " << d;
           EXPECT_EQ(next_row[d], t.rows) << "destination " << d;
           EXPECT_EQ(last_record[d], t.chunks) << "destination " << d;
           for (std::uint32_t r = 0; r < t.rows; ++r) EXPECT_EQ(row_seen[d][r], 1);
