@@ -4,7 +4,6 @@
 // every rank holding one of its experts. Layout and protocol: moe/ep_view.hpp.
 #pragma once
 
-#include <cstddef>
 #include <vector>
 
 #include "moe/ep_view.hpp"
@@ -18,40 +17,19 @@ struct EpBlockPayload {
   std::uint32_t block;
 };
 
-// The meta of token t for destination d: its experts there (local ids) and their slots, as
-// RowMeta's 32 bytes in eight words. The fields go in by shifts at the running count, so that a
-// device thread builds it in registers (a RowMeta filled by index lived in local memory); the
-// receiver takes them apart the same way (GatherArrivals::meta_slot).
-struct RowMetaWords {
-  std::uint32_t w[8];
-};
-LOOM_HD inline RowMetaWords row_meta_words(EpView const& ep, std::uint32_t token, std::uint32_t d) {
-  static_assert(sizeof(RowMeta) == sizeof(RowMetaWords) && offsetof(RowMeta, token) == 0 &&
-                offsetof(RowMeta, experts) == 4 && offsetof(RowMeta, slots) == 20 &&
-                offsetof(RowMeta, count) == 28 && kMaxTopK == 8);
+// The meta of token t for destination d: its experts there (local ids) and their slots.
+LOOM_HD inline RowMeta row_meta_for(EpView const& ep, std::uint32_t token, std::uint32_t d) {
   MoEView const& v = ep.local;
+  RowMeta m{};
+  m.token = token;
   std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
-  std::uint64_t experts_lo = 0, experts_hi = 0, slots = 0;  // experts 0-3 and 4-7, slots 0-7
-  std::uint32_t count = 0;
   for (std::uint32_t j = 0; j < v.top_k; ++j) {
     if (ids[j] < 0 || ep.rank_of(ids[j]) != d) continue;
-    std::uint64_t const e = static_cast<std::uint32_t>(ids[j]) % ep.local_experts;
-    if (count < 4)
-      experts_lo |= e << (16 * count);
-    else
-      experts_hi |= e << (16 * (count - 4));
-    slots |= std::uint64_t{j} << (8 * count);
-    ++count;
+    m.experts[m.count] =
+        static_cast<std::uint16_t>(static_cast<std::uint32_t>(ids[j]) % ep.local_experts);
+    m.slots[m.count] = static_cast<std::uint8_t>(j);
+    ++m.count;
   }
-  RowMetaWords m;
-  m.w[0] = token;
-  m.w[1] = static_cast<std::uint32_t>(experts_lo);
-  m.w[2] = static_cast<std::uint32_t>(experts_lo >> 32);
-  m.w[3] = static_cast<std::uint32_t>(experts_hi);
-  m.w[4] = static_cast<std::uint32_t>(experts_hi >> 32);
-  m.w[5] = static_cast<std::uint32_t>(slots);
-  m.w[6] = static_cast<std::uint32_t>(slots >> 32);
-  m.w[7] = count;  // and three bytes of padding, zero
   return m;
 }
 
@@ -242,8 +220,8 @@ struct SendBlocks {
           heap.put_serial(ch.dest, ep.recv_rows + at * v.hidden,
                           v.x + std::size_t{token} * v.hidden,
                           std::size_t{v.hidden} * sizeof(bf16));
-          RowMetaWords const meta = row_meta_words(ep, token, ch.dest);
-          heap.put_serial(ch.dest, ep.recv_meta + at, meta.w, sizeof meta.w);
+          RowMeta const meta = row_meta_for(ep, token, ch.dest);
+          heap.put_serial(ch.dest, ep.recv_meta + at, &meta, sizeof meta);
         }
         ChunkRecord* const record = record_of(ep, ch.record);
         std::uint32_t const extent[2] = {ch.first, ch.rows};
@@ -307,11 +285,11 @@ struct SendBlocks {
           [&](std::uint32_t r) { return x + std::size_t{tokens[r]} * row_chunks; },
           [&](std::uint32_t r, std::uint32_t) { return to + std::size_t{r} * row_chunks; });
       if (threadIdx.x < ch.rows) {
-        RowMetaWords const m = row_meta_words(ep, tokens[threadIdx.x], ch.dest);
+        RowMeta const meta = row_meta_for(ep, tokens[threadIdx.x], ch.dest);
         auto* const at = reinterpret_cast<uint4*>(
             heap.peer(ch.dest, ep.recv_meta + recv_slot(ep, ch.first + threadIdx.x)));
-        at[0] = make_uint4(m.w[0], m.w[1], m.w[2], m.w[3]);
-        at[1] = make_uint4(m.w[4], m.w[5], m.w[6], m.w[7]);
+        at[0] = reinterpret_cast<uint4 const*>(&meta)[0];
+        at[1] = reinterpret_cast<uint4 const*>(&meta)[1];
       }
       // Every thread's stores happen before the barrier; the record's release store (signal_set,
       // system scope) makes them visible with it.

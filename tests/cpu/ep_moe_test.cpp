@@ -231,43 +231,6 @@ TEST(EpCpu, TracedCallsMarkEveryRecordPublishedAndTaken) {
 // each destination's rows and chunk records exactly once, in token blocks, chunk by chunk in the
 // order the sends claim them, expert by expert; the plan's totals agree; the records fit the
 // region.
-// The meta words a sender builds by shifts hold the RowMeta the receiver reads: the token, the
-// local ids of its experts on the destination in top-k order, their slots, the count, zero
-// padding. Random ids with -1 entries, top-k 1 to 8, every destination.
-TEST(EpCpu, RowMetaWordsHoldTheTokensExpertsOnTheDestinationInSlotOrder) {
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(static_cast<unsigned>(seed));
-  for (std::uint32_t world : {1u, 2u, 4u, 8u}) {
-    for (std::uint32_t top_k = 1; top_k <= kMaxTopK; ++top_k) {
-      std::uint32_t const local = 4 + rng() % 30, experts = world * local;
-      if (top_k > experts) continue;
-      MoEConfig const c = ep_config(experts, top_k, 64);
-      EpView ep = make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world));
-      std::vector<std::int32_t> ids(std::size_t{c.max_tokens} * top_k);
-      for (auto& id : ids)  // duplicates are the route's to refuse; the meta takes what it gets
-        id = rng() % 5 == 0 ? -1 : static_cast<std::int32_t>(rng() % experts);
-      ep.local.topk_ids = ids.data();
-      for (std::uint32_t t = 0; t < c.max_tokens; ++t) {
-        for (std::uint32_t d = 0; d < world; ++d) {
-          RowMeta want{};
-          want.token = t;
-          for (std::uint32_t j = 0; j < top_k; ++j) {
-            std::int32_t const id = ids[std::size_t{t} * top_k + j];
-            if (id < 0 || static_cast<std::uint32_t>(id) / local != d) continue;
-            want.experts[want.count] = static_cast<std::uint16_t>(id % local);
-            want.slots[want.count] = static_cast<std::uint8_t>(j);
-            ++want.count;
-          }
-          RowMetaWords const got = row_meta_words(ep, t, d);
-          ASSERT_EQ(std::memcmp(&want, got.w, sizeof want), 0)
-              << "world " << world << ", top-k " << top_k << ", token " << t << ", rank " << d;
-        }
-      }
-    }
-  }
-}
-
 TEST(EpCpu, SendOrderNumbersEveryRowAndChunkOnceExpertByExpert) {
   std::uint64_t const seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
