@@ -73,18 +73,13 @@ Graph build_ep_graph(EpView const& shape, EpView const* view) {
   if (routed != shape.routed_event)
     throw Error("loom: the EP graph's routed event is #" + std::to_string(routed) +
                 ", the view names #" + std::to_string(shape.routed_event));
-  for (std::uint32_t group = 0; group < shape.local.max_routes; ++group) {
-    Task const task = EpPipeline::make<RouteBlock>(EpBlockPayload{view, group}, kNoEvent, group);
-    if (!shape.local.tile_router) {
-      b.add_task(task);
-      continue;
-    }
-    // The route tile reads the rank's view as a layer's: its first member, local.
-    EventId const tiled = b.add_event(1);
-    auto const* local = reinterpret_cast<MoEView const*>(view);
-    b.add_task(EpPipeline::make<RouteTile>(BlockPayload{local, group}, tiled, group));
-    b.add_task(task, {tiled});
-  }
+  // The route tile reads the rank's view as a layer's: its first member, local.
+  auto const* local = reinterpret_cast<MoEView const*>(view);
+  for (std::uint32_t group = 0; group < shape.local.max_routes; ++group)
+    add_route_task(b, EpPipeline::make<RouteBlock>(EpBlockPayload{view, group}, kNoEvent, group),
+                   shape.local.tile_router, [&](EventId done) {
+                     return EpPipeline::make<RouteTile>(BlockPayload{local, group}, done, group);
+                   });
   // The plan first: its counts message goes ahead of the rows.
   b.add_task(EpPipeline::make<PlanDispatch>(PlanDispatch::Payload{view}), {routed});
   for (std::uint32_t s = 0; s < shape.send_tasks; ++s)

@@ -106,16 +106,11 @@ Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
   std::uint32_t const routes = shape.max_routes * shape.route_parts;
   EventId const routed = b.add_event(routes);
-  for (std::uint32_t route = 0; route < routes; ++route) {
-    Task const task = MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route);
-    if (!shape.tile_router) {
-      b.add_task(task);
-      continue;
-    }
-    EventId const tiled = b.add_event(1);
-    b.add_task(MoEPipeline::make<RouteTile>(BlockPayload{view, route}, tiled, route));
-    b.add_task(task, {tiled});
-  }
+  for (std::uint32_t route = 0; route < routes; ++route)
+    add_route_task(b, MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route),
+                   shape.tile_router, [&](EventId done) {
+                     return MoEPipeline::make<RouteTile>(BlockPayload{view, route}, done, route);
+                   });
   b.add_task(MoEPipeline::make<PlanExperts>(PlanExperts::Payload{view}), {routed});
   b.set_dynamic_bound(dynamic_bound(shape));
   return b.build();

@@ -39,6 +39,20 @@ struct LayerShapes {
 };
 LayerShapes make_layer_shapes(MoEConfig const& config, tasks::gemm::MmaPath path);
 
+// Adds a route group's route task; with the router on the tensor cores (`tiled`), after that
+// group's RouteTile, make_tile(e) completing event e. Shared by the one-GPU and expert-parallel
+// graphs.
+template <class MakeTile>
+void add_route_task(GraphBuilder& b, Task const& route, bool tiled, MakeTile make_tile) {
+  if (!tiled) {
+    b.add_task(route);
+    return;
+  }
+  EventId const tile_done = b.add_event(1);
+  b.add_task(make_tile(tile_done));
+  b.add_task(route, {tile_done});
+}
+
 // The graph over a view that lives in the executor's memory at `view`: a route task per route
 // group (after that group's RouteTile with the router on the tensor cores), then the plan.
 Graph build_moe_graph(MoEView const& shape, MoEView const* view);
