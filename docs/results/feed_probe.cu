@@ -6,7 +6,8 @@
 // 132 SMs). Variants: 2-CTA clusters (cooperative or not) whose CTAs each load half of the shared
 // B box into both (TMA multicast) and release a stage in both; B stored K-blocked, so that a box
 // is 32 contiguous KB; and tile by tile (the next tile's loads wait for the previous tile's end
-// and a 2 us epilogue), as one task per tile runs. nvcc -O3 -std=c++17 -arch=sm_90a; results in
+// and a 2 us epilogue), as one task per tile runs, with or without the next tile's first K blocks
+// prefetched into L2 near the current tile's end. nvcc -O3 -std=c++17 -arch=sm_90a; results in
 // docs/results/tile_probes_h200.txt.
 #include <cstdio>
 #include <cstdint>
@@ -47,7 +48,7 @@ __device__ __forceinline__ void arrive_remote(uint64_t* bar, uint32_t rank) {
 // mode 0: one CTA per tile, B whole; 1: clusters of 2, B halves multicast, a stage released in
 // both CTAs; 2: clusters, B whole, released locally; 3: clusters, B whole, released in both;
 // 4: as 0, B K-blocked; 5: as 1, B K-blocked; 6: as 3, the remote release .release.cluster.
-template <int kMode, bool kSerial = false>
+template <int kMode, bool kSerial = false, int kPrefetch = 0>
 __global__ void __launch_bounds__(256, 1) feed(const __grid_constant__ CUtensorMap a_map,
                                                const __grid_constant__ CUtensorMap b_map, int jobs,
                                                int mma_ns, unsigned long long* stamps) {
@@ -77,6 +78,14 @@ __global__ void __launch_bounds__(256, 1) feed(const __grid_constant__ CUtensorM
         unsigned char* st = smem + s * kStageBytes;
         int32_t ca[2] = {kb * 64, arow};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, st, &a_map, ca, &full[s]);
+        if (kPrefetch && kb == kKBlocks - 8 && j + units < jobs) {  // the next tile's first K blocks into L2
+          int const e2 = ((j + units) / 16) % 64, n2 = (j + units) % 16;
+          int const arow2 = (e2 * 2 + rank) * 128 % 8192, brow2 = e2 * 4096 + n2 * 256;
+          for (int k2 = 0; k2 < kPrefetch; ++k2) {
+            asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" :: "l"(&a_map), "r"(k2 * 64), "r"(arow2) : "memory");
+            asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" :: "l"(&b_map), "r"(k2 * 64), "r"(brow2) : "memory");
+          }
+        }
         if (kMcast) {
           int32_t cb[2] = {kBlocked ? 0 : kb * 64, kBlocked ? ((e * 16 + n) * 32 + kb) * 256 + (int)rank * 128 : brow + (int)rank * 128};
           cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, st + kABytes + rank * (kBBytes / 2), &b_map, cb, &full[s], (uint16_t)0x3);
@@ -119,11 +128,11 @@ static CUtensorMap make_map(void* base, uint64_t rows, uint32_t box_rows, uint64
   return m;
 }
 
-template <int kMode, bool kSerial = false>
+template <int kMode, bool kSerial = false, int kPrefetch = 0>
 int run(int sms, CUtensorMap const& am, CUtensorMap const& bm, int mma_ns, bool coop, unsigned long long* st) {
   int const jobs = 1024, smem = kStages * kStageBytes + 1024;
-  CK(cudaFuncSetAttribute(feed<kMode, kSerial>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  if (kMode) CK(cudaFuncSetAttribute(feed<kMode, kSerial>, cudaFuncAttributeNonPortableClusterSizeAllowed, 0));
+  CK(cudaFuncSetAttribute(feed<kMode, kSerial, kPrefetch>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if (kMode) CK(cudaFuncSetAttribute(feed<kMode, kSerial, kPrefetch>, cudaFuncAttributeNonPortableClusterSizeAllowed, 0));
   cudaLaunchConfig_t cfg = {};
   int const grid = sms / 2 * 2;
   cfg.gridDim = grid; cfg.blockDim = 256; cfg.dynamicSmemBytes = smem;
@@ -133,7 +142,7 @@ int run(int sms, CUtensorMap const& am, CUtensorMap const& bm, int mma_ns, bool 
   cfg.attrs = at; cfg.numAttrs = na;
   if (kMode) {
     int clusters = 0;
-    CK(cudaOccupancyMaxActiveClusters(&clusters, feed<kMode, kSerial>, &cfg));
+    CK(cudaOccupancyMaxActiveClusters(&clusters, feed<kMode, kSerial, kPrefetch>, &cfg));
     printf("  max active clusters of 2: %d (grid %d blocks)\n", clusters, grid);
   }
   std::vector<unsigned long long> h(jobs * 4);
@@ -141,7 +150,7 @@ int run(int sms, CUtensorMap const& am, CUtensorMap const& bm, int mma_ns, bool 
   for (int rep = 0; rep < 7; ++rep) {
     cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
     cudaEventRecord(a);
-    cudaError_t e = cudaLaunchKernelEx(&cfg, feed<kMode, kSerial>, am, bm, jobs, mma_ns, st);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, feed<kMode, kSerial, kPrefetch>, am, bm, jobs, mma_ns, st);
     if (e != cudaSuccess) { printf("  launch (mode %d coop %d): %s\n", kMode, coop, cudaGetErrorString(e)); cudaGetLastError(); return 0; }
     cudaEventRecord(b); CK(cudaEventSynchronize(b)); CK(cudaGetLastError());
     float ms; cudaEventElapsedTime(&ms, a, b); totals.push_back(ms * 1e3f);
@@ -151,7 +160,7 @@ int run(int sms, CUtensorMap const& am, CUtensorMap const& bm, int mma_ns, bool 
   std::sort(d.begin(), d.end()); std::sort(totals.begin(), totals.end());
   double const bytes = double(jobs) * 2 * 32 * kABytes + double(jobs) * 32 * kBBytes * (kMode == 1 || kMode == 5 ? 1 : 2);
   printf("%s mode %s coop %d mma %4d ns/K-block: kernel %.1f us, tile median %.1f us (p10 %.1f p90 %.1f); %.2f TB/s into SMs\n",
-         kSerial ? "tile by tile" : "stream     ", kMode == 4 ? "no cluster, own B, blocked   " : kMode == 5 ? "cluster, multicast, blocked " : kMode == 1 ? "cluster, multicast B, coupled" : kMode == 2 ? "cluster, own B, decoupled   " : kMode == 3 ? "cluster, own B, coupled     " : kMode == 6 ? "as 3, .release.cluster      " : "no cluster, own B           ", coop, mma_ns, totals[3], d[d.size() / 2], d[d.size() / 10], d[d.size() * 9 / 10],
+         kSerial ? (kPrefetch == 1 ? "tile by tile, next 1 K block in L2 " : kPrefetch == 2 ? "tile by tile, next 2 K blocks in L2" : kPrefetch == 4 ? "tile by tile, next 4 K blocks in L2" : "tile by tile") : "stream     ", kMode == 4 ? "no cluster, own B, blocked   " : kMode == 5 ? "cluster, multicast, blocked " : kMode == 1 ? "cluster, multicast B, coupled" : kMode == 2 ? "cluster, own B, decoupled   " : kMode == 3 ? "cluster, own B, coupled     " : kMode == 6 ? "as 3, .release.cluster      " : "no cluster, own B           ", coop, mma_ns, totals[3], d[d.size() / 2], d[d.size() / 10], d[d.size() * 9 / 10],
          bytes / (totals[3] * 1e-6) / 1e12);
   return 0;
 }
@@ -180,5 +189,13 @@ int main() {
   }
   run<0>(sms, am, bm, 700, true, st);  // cooperative launches
   run<1>(sms, am, bh, 700, true, st);
+  // Tile by tile, the next tile's first 1, 2 or 4 K blocks prefetched into L2 (cp.async.bulk.
+  // prefetch.tensor) when the producer issues the current tile's eighth K block from the end.
+  for (int mma : {0, 700}) {
+    run<0, true>(sms, am, bm, mma, false, st);
+    run<0, true, 1>(sms, am, bm, mma, false, st);
+    run<0, true, 2>(sms, am, bm, mma, false, st);
+    run<0, true, 4>(sms, am, bm, mma, false, st);
+  }
   return 0;
 }
