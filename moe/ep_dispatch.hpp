@@ -153,18 +153,32 @@ struct SendPayload {
 };
 
 // After every route on this rank: the bins' rows go out in the send order (ep_view.hpp), each
-// token once to every rank holding one of its experts. A task claims the next chunk of the order
-// (send_next) until none is left, so the chunks leave about in order and a destination's pools
-// fill expert by expert. Per chunk: its rows into the destination's recv area (consecutive slots),
-// their metas, and then its chunk record with a system-scope release. A few tasks send
-// everything: the links bound the copy, and the other processors gather and multiply what has
-// landed meanwhile. The last of the sends and the plan lowers the bins' and claims' counters.
+// token once to every rank holding one of its experts. A task claims the next `send_claim`
+// chunks of the order (send_next) until none is left, so the chunks leave about in order and a
+// destination's pools fill expert by expert. Per claim: the chunks' rows into their
+// destinations' recv areas (consecutive slots per chunk), their metas, and then each chunk's
+// record with a system-scope release. A few tasks send everything: the links bound the copy, and
+// the other processors gather and multiply what has landed meanwhile. A claim of several chunks
+// keeps more rows in flight per task and pays the fixed costs of a claim (its tokens, the
+// barriers, the fence that waits for the rows to land) once. The last of the sends and the plan
+// lowers the bins' and claims' counters.
 struct SendBlocks {
   static constexpr char const* name = "ep_send";
   static constexpr unsigned threads = RouteTokens::threads;
-  // Device: the send order's tables (rows, row_base, chunk_base, start) and a chunk's tokens.
+
+  // Device, in shared memory: the claim's chunks, then the send order's tables (rows, row_base,
+  // chunk_base, start).
+  struct Claim {
+    uint4* to[kMaxSendClaim];                  // each chunk's first row in its destination's window
+    std::uint32_t const* from[kMaxSendClaim];  // each chunk's tokens in bin_tokens
+    std::uint32_t dest[kMaxSendClaim], first[kMaxSendClaim], record[kMaxSendClaim];
+    std::uint32_t base[kMaxSendClaim + 1];  // the claim's rows before each chunk (then all)
+    std::uint32_t tokens[kMaxSendClaim * kMaxTokenBlock];  // the claim's rows, chunk by chunk
+    std::uint32_t claimed;                                 // the first chunk of the next claim
+  };
   static constexpr unsigned shared_bytes =
-      (4 * kMaxExperts + 1 + kMaxTokenBlock + 1) * sizeof(std::uint32_t);
+      sizeof(Claim) + (4 * kMaxExperts + 1) * sizeof(std::uint32_t);
+  static_assert(kMaxSendClaim * kMaxTokenBlock <= threads, "a thread per row of a claim");
   using Payload = SendPayload;
 
   // After a send task's chunks, and after the plan's messages: the last of the call lowers the
@@ -212,22 +226,29 @@ struct SendBlocks {
       order.number_bins(ep, 0, 1);
       order.start_positions(ep, 0, 1);
       SymmetricView const& heap = ctx.heap();
-      for (std::uint32_t c; (c = fetch_add_relaxed(*ep.send_next, 1u)) < order.start[bins];) {
-        Chunk const ch = chunk_at(ep, order, c);
-        for (std::uint32_t r = 0; r < ch.rows; ++r) {
-          std::uint32_t const token = ch.tokens[r];
-          std::size_t const at = recv_slot(ep, ch.first + r);
-          heap.put_serial(ch.dest, ep.recv_rows + at * v.hidden,
-                          v.x + std::size_t{token} * v.hidden,
-                          std::size_t{v.hidden} * sizeof(bf16));
-          RowMeta const meta = row_meta_for(ep, token, ch.dest);
-          heap.put_serial(ch.dest, ep.recv_meta + at, &meta, sizeof meta);
+      std::uint32_t const total = order.start[bins];
+      for (std::uint32_t c0; (c0 = fetch_add_relaxed(*ep.send_next, ep.send_claim)) < total;) {
+        std::uint32_t const n = std::min(ep.send_claim, total - c0);
+        for (std::uint32_t q = 0; q < n; ++q) {
+          Chunk const ch = chunk_at(ep, order, c0 + q);
+          for (std::uint32_t r = 0; r < ch.rows; ++r) {
+            std::uint32_t const token = ch.tokens[r];
+            std::size_t const at = recv_slot(ep, ch.first + r);
+            heap.put_serial(ch.dest, ep.recv_rows + at * v.hidden,
+                            v.x + std::size_t{token} * v.hidden,
+                            std::size_t{v.hidden} * sizeof(bf16));
+            RowMeta const meta = row_meta_for(ep, token, ch.dest);
+            heap.put_serial(ch.dest, ep.recv_meta + at, &meta, sizeof meta);
+          }
         }
-        ChunkRecord* const record = record_of(ep, ch.record);
-        std::uint32_t const extent[2] = {ch.first, ch.rows};
-        heap.put_serial(ch.dest, record, extent, sizeof extent);
-        heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
-        ctx.trace_mark(kMarkRecordPublished, ch.dest, ch.record);
+        for (std::uint32_t q = 0; q < n; ++q) {
+          Chunk const ch = chunk_at(ep, order, c0 + q);
+          ChunkRecord* const record = record_of(ep, ch.record);
+          std::uint32_t const extent[2] = {ch.first, ch.rows};
+          heap.put_serial(ch.dest, record, extent, sizeof extent);
+          heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
+          ctx.trace_mark(kMarkRecordPublished, ch.dest, ch.record);
+        }
       }
     }
     finish(ep);
@@ -235,10 +256,11 @@ struct SendBlocks {
 
 #if defined(__CUDACC__)
   // The block loads the bins' sizes and builds the order's tables in shared memory; then per
-  // claimed chunk: thread r < rows reads its token, the block copies the rows into the peer's
-  // window with 16-byte stores, many reads in flight per thread (fan_out_rows_from), thread r
-  // writes row r's meta, and after a block barrier thread 0 publishes the record with a
-  // system-scope release, which covers every thread's stores.
+  // claim: thread q < chunks places chunk q, thread r < rows reads the claim's token r, the block
+  // copies the rows into the peers' windows with 16-byte stores, many reads in flight per thread
+  // (fan_out_rows_from), thread r writes row r's meta, and after a block barrier thread 0
+  // publishes the records: one system-scope fence, which covers every thread's stores, then a
+  // relaxed store of each record's epoch.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -249,61 +271,106 @@ struct SendBlocks {
     }
   }
 
+  // The claim's chunk holding its row s (base[q] <= s < base[q + 1]; base[] past the claim's
+  // chunks is its row count).
+  __device__ static std::uint32_t chunk_of_row(Claim const& cl, std::uint32_t s) {
+    std::uint32_t q = 0;
+#pragma unroll
+    for (std::uint32_t i = 1; i < kMaxSendClaim; ++i) q += s >= cl.base[i] ? 1u : 0u;
+    return q;
+  }
+
   __device__ static void send_chunks(EpView const& ep, MoEView const& v, TaskContext& ctx) {
-    auto* const words = static_cast<std::uint32_t*>(ctx.shared_memory());
+    Claim& cl = *static_cast<Claim*>(ctx.shared_memory());
+    auto* const words = reinterpret_cast<std::uint32_t*>(&cl + 1);
     std::uint32_t const bins = ep.bins();
     std::uint32_t* const rows = words;
     SendOrder const order{rows, rows + bins, rows + 2 * bins, rows + 3 * bins};
-    std::uint32_t* const claimed = order.start + bins + 1;
-    std::uint32_t* const tokens = claimed + 1;
     for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x)
       rows[b] = load_relaxed(ep.bin_rows[b]);
     __syncthreads();
     order.number_bins(ep, threadIdx.x, blockDim.x);
     __syncthreads();
     order.start_positions(ep, threadIdx.x, blockDim.x);
+    std::uint32_t const claim = ep.send_claim;
+    if (threadIdx.x == 0) cl.claimed = atomicAdd(ep.send_next, claim);
     __syncthreads();
     std::uint32_t const total = order.start[bins];
     SymmetricView const& heap = ctx.heap();
-    std::uint32_t const row_chunks = v.hidden / 8;
+    std::uint32_t const row_chunks = v.hidden / 8, block = v.token_block;
     auto const* const x = reinterpret_cast<uint4 const*>(v.x);
-    if (threadIdx.x == 0) *claimed = atomicAdd(ep.send_next, 1u);
-    __syncthreads();
     for (;;) {
-      std::uint32_t const c = *claimed;
-      if (c >= total) break;
-      Chunk const ch = chunk_at(ep, order, c);
-      if (threadIdx.x < ch.rows) tokens[threadIdx.x] = __ldcg(ch.tokens + threadIdx.x);
-      __syncthreads();  // the tokens are in, and every thread has read the claim
-      // The next claim goes out now; its answer is needed only after this chunk's copy.
+      std::uint32_t const c0 = cl.claimed;
+      if (c0 >= total) break;
+      std::uint32_t const n = min(claim, total - c0);
+      std::uint32_t chunk_rows = 0;
+      if (threadIdx.x < n) {
+        Chunk const ch = chunk_at(ep, order, c0 + threadIdx.x);
+        cl.to[threadIdx.x] = reinterpret_cast<uint4*>(
+            heap.peer(ch.dest, ep.recv_rows + recv_slot(ep, ch.first) * v.hidden));
+        cl.from[threadIdx.x] = ch.tokens;
+        cl.dest[threadIdx.x] = ch.dest;
+        cl.first[threadIdx.x] = ch.first;
+        cl.record[threadIdx.x] = ch.record;
+        chunk_rows = ch.rows;
+      }
+      // Warp 0 numbers the claim's rows chunk by chunk (n <= kMaxSendClaim <= 32).
+      if (threadIdx.x < 32) {
+        std::uint32_t incl = chunk_rows;
+#pragma unroll
+        for (std::uint32_t d = 1; d < kMaxSendClaim; d *= 2) {
+          std::uint32_t const up = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+          if (threadIdx.x >= d) incl += up;
+        }
+        std::uint32_t const all = __shfl_sync(0xFFFFFFFFu, incl, n - 1);
+        if (threadIdx.x <= kMaxSendClaim)
+          cl.base[threadIdx.x] = threadIdx.x < n ? incl - chunk_rows : all;
+      }
+      __syncthreads();  // every thread has read the claim; the chunks are placed
+      std::uint32_t const claim_rows = cl.base[kMaxSendClaim];
+      if (threadIdx.x < kMaxSendClaim * kMaxTokenBlock) {
+        std::uint32_t const q = threadIdx.x / block, r = threadIdx.x - q * block;
+        if (q < n && cl.base[q] + r < cl.base[q + 1])
+          cl.tokens[cl.base[q] + r] = __ldcg(cl.from[q] + r);
+      }
+      __syncthreads();  // the tokens are in
+      // The next claim goes out now; its answer is needed only after this claim's copy.
       std::uint32_t next = 0;
-      if (threadIdx.x == 0) next = atomicAdd(ep.send_next, 1u);
-      auto* const to = reinterpret_cast<uint4*>(
-          heap.peer(ch.dest, ep.recv_rows + recv_slot(ep, ch.first) * v.hidden));
+      if (threadIdx.x == 0) next = atomicAdd(ep.send_next, claim);
       fan_out_rows_from(
-          ch.rows, row_chunks, 1,
-          [&](std::uint32_t r) { return x + std::size_t{tokens[r]} * row_chunks; },
-          [&](std::uint32_t r, std::uint32_t) { return to + std::size_t{r} * row_chunks; });
-      if (threadIdx.x < ch.rows) {
-        RowMeta const meta = row_meta_for(ep, tokens[threadIdx.x], ch.dest);
-        auto* const at = reinterpret_cast<uint4*>(
-            heap.peer(ch.dest, ep.recv_meta + recv_slot(ep, ch.first + threadIdx.x)));
+          claim_rows, row_chunks, 1,
+          [&](std::uint32_t s) { return x + std::size_t{cl.tokens[s]} * row_chunks; },
+          [&](std::uint32_t s, std::uint32_t) {
+            std::uint32_t const q = chunk_of_row(cl, s);
+            return cl.to[q] + std::size_t{s - cl.base[q]} * row_chunks;
+          });
+      if (threadIdx.x < claim_rows) {
+        std::uint32_t const q = chunk_of_row(cl, threadIdx.x);
+        RowMeta const meta = row_meta_for(ep, cl.tokens[threadIdx.x], cl.dest[q]);
+        auto* const at = reinterpret_cast<uint4*>(heap.peer(
+            cl.dest[q], ep.recv_meta + recv_slot(ep, cl.first[q] + threadIdx.x - cl.base[q])));
         at[0] = reinterpret_cast<uint4 const*>(&meta)[0];
         at[1] = reinterpret_cast<uint4 const*>(&meta)[1];
       }
-      // Every thread's stores happen before the barrier; the record's release store (signal_set,
-      // system scope) makes them visible with it.
+      // Every thread's stores happen before the barrier; thread 0's system-scope fence makes
+      // them visible before any of the records' epochs.
       __syncthreads();
       if (threadIdx.x == 0) {
-        ChunkRecord* const record = record_of(ep, ch.record);
-        ChunkRecord* const remote = heap.peer(ch.dest, record);
-        remote->first = ch.first;
-        remote->rows = ch.rows;
-        heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
-        ctx.trace_mark(kMarkRecordPublished, ch.dest, ch.record);
-        *claimed = next;
+        for (std::uint32_t q = 0; q < n; ++q) {
+          ChunkRecord* const remote = heap.peer(cl.dest[q], record_of(ep, cl.record[q]));
+          remote->first = cl.first[q];
+          remote->rows = cl.base[q + 1] - cl.base[q];
+        }
+        fence_release<cuda::thread_scope_system>();
+        for (std::uint32_t q = 0; q < n; ++q) {
+          ChunkRecord* const record = record_of(ep, cl.record[q]);
+          store_relaxed<std::uint64_t, cuda::thread_scope_system>(
+              *heap.peer(cl.dest[q], &record->epoch), ctx.epoch());
+          ctx.trace_mark(kMarkRecordPublished, cl.dest[q], cl.record[q]);
+        }
+        cl.claimed = next;
       }
-      __syncthreads();  // the next claim is in, and this chunk's tokens are read
+      __syncthreads();  // the next claim is in, and this claim's tokens are read
     }
   }
 #endif

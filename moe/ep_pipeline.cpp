@@ -50,12 +50,13 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
   ep.local.combine_type = EpPipeline::id<CombineTokens>;
   ep.gather_type = EpPipeline::id<GatherArrivals>;
   ep.combine_batch_type = EpPipeline::id<CombineArrived>;
-  // Over the links, a few processors keep them busy (kSendTasks) and the rest gather what lands;
-  // one rank copies its rows within its own memory, a send per token block. Never more tasks
-  // than chunks can be: per destination, its bins' rows in token blocks.
+  // A few processors send (kSendTasks, each claiming kSendClaim chunks at a time): over the
+  // links they keep them busy while the rest gather and multiply what has landed, and one rank
+  // copies its rows within its own memory as fast. Never more tasks than chunks can be: per
+  // destination, its bins' rows in token blocks.
   std::uint32_t const chunks = placement.world * (ep.local.max_blocks + ep.local_experts - 1);
-  ep.send_tasks = std::min(
-      chunks, placement.world == 1 ? std::max(ep.local.max_blocks, kSendTasks) : kSendTasks);
+  ep.send_tasks = std::min(chunks, kSendTasks);
+  ep.send_claim = kSendClaim;
   return ep;
 }
 

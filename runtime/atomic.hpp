@@ -56,4 +56,11 @@ LOOM_HD LOOM_INLINE void fence_acquire() {
   cuda::atomic_thread_fence(cuda::memory_order_acquire, S);
 }
 
+// With a relaxed store after it, a release: what this thread wrote (or saw happen before) before
+// the fence is visible to whoever acquires a word it stores after the fence.
+template <cuda::thread_scope S = cuda::thread_scope_device>
+LOOM_HD LOOM_INLINE void fence_release() {
+  cuda::atomic_thread_fence(cuda::memory_order_release, S);
+}
+
 }  // namespace loom
