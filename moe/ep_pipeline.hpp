@@ -21,6 +21,7 @@ using EpPipeline = Pipeline<RouteTile, RouteBlock, PlanDispatch, SendBlocks, Gat
 // chunks a claim").
 inline constexpr std::uint32_t kSendTasks = 24;
 inline constexpr std::uint32_t kSendClaim = 4;
+static_assert(kSendClaim >= 1 && kSendClaim <= kMaxSendClaim);
 
 // How the layer is spread: `world` ranks, each with E / world experts and up to
 // config.max_tokens tokens of its own per call.
