@@ -229,8 +229,10 @@ struct SendBlocks {
       std::uint32_t const total = order.start[bins];
       for (std::uint32_t c0; (c0 = fetch_add_relaxed(*ep.send_next, ep.send_claim)) < total;) {
         std::uint32_t const n = std::min(ep.send_claim, total - c0);
+        Chunk claimed[kMaxSendClaim];
+        for (std::uint32_t q = 0; q < n; ++q) claimed[q] = chunk_at(ep, order, c0 + q);
         for (std::uint32_t q = 0; q < n; ++q) {
-          Chunk const ch = chunk_at(ep, order, c0 + q);
+          Chunk const& ch = claimed[q];
           for (std::uint32_t r = 0; r < ch.rows; ++r) {
             std::uint32_t const token = ch.tokens[r];
             std::size_t const at = recv_slot(ep, ch.first + r);
@@ -242,7 +244,7 @@ struct SendBlocks {
           }
         }
         for (std::uint32_t q = 0; q < n; ++q) {
-          Chunk const ch = chunk_at(ep, order, c0 + q);
+          Chunk const& ch = claimed[q];
           ChunkRecord* const record = record_of(ep, ch.record);
           std::uint32_t const extent[2] = {ch.first, ch.rows};
           heap.put_serial(ch.dest, record, extent, sizeof extent);
