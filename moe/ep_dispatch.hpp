@@ -173,8 +173,11 @@ struct SendBlocks {
     std::uint32_t const* from[kMaxSendClaim];  // each chunk's tokens in bin_tokens
     std::uint32_t dest[kMaxSendClaim], first[kMaxSendClaim], record[kMaxSendClaim];
     std::uint32_t base[kMaxSendClaim + 1];  // the claim's rows before each chunk (then all)
-    std::uint32_t tokens[kMaxSendClaim * kMaxTokenBlock];  // the claim's rows, chunk by chunk
-    std::uint32_t claimed;                                 // the first chunk of the next claim
+    // The claim's rows, chunk by chunk: each row's token and where it is copied from and to.
+    uint4 const* src[kMaxSendClaim * kMaxTokenBlock];
+    uint4* dst[kMaxSendClaim * kMaxTokenBlock];
+    std::uint32_t tokens[kMaxSendClaim * kMaxTokenBlock];
+    std::uint32_t claimed;  // the first chunk of the next claim
   };
   static constexpr unsigned shared_bytes =
       sizeof(Claim) + (4 * kMaxExperts + 1) * sizeof(std::uint32_t);
@@ -258,11 +261,12 @@ struct SendBlocks {
 
 #if defined(__CUDACC__)
   // The block loads the bins' sizes and builds the order's tables in shared memory; then per
-  // claim: thread q < chunks places chunk q, thread r < rows reads the claim's token r, the block
-  // copies the rows into the peers' windows with 16-byte stores, many reads in flight per thread
-  // (fan_out_rows_from), thread r writes row r's meta, and after a block barrier thread 0
-  // publishes the records: one system-scope fence, which covers every thread's stores, then a
-  // relaxed store of each record's epoch.
+  // claim: thread q < chunks places chunk q, thread r < rows reads the claim's token r and puts
+  // row r's source and destination addresses in shared memory, the block copies the rows into
+  // the peers' windows with 16-byte stores, many reads in flight per thread (fan_out_rows_from,
+  // one shared-memory load per address), thread r writes row r's meta, and after a block barrier
+  // thread 0 publishes the records: one system-scope fence, which covers every thread's stores,
+  // then a relaxed store of each record's epoch.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -332,20 +336,20 @@ struct SendBlocks {
       std::uint32_t const claim_rows = cl.base[kMaxSendClaim];
       if (threadIdx.x < kMaxSendClaim * kMaxTokenBlock) {
         std::uint32_t const q = threadIdx.x / block, r = threadIdx.x - q * block;
-        if (q < n && cl.base[q] + r < cl.base[q + 1])
-          cl.tokens[cl.base[q] + r] = __ldcg(cl.from[q] + r);
+        if (q < n && cl.base[q] + r < cl.base[q + 1]) {
+          std::uint32_t const s = cl.base[q] + r, token = __ldcg(cl.from[q] + r);
+          cl.tokens[s] = token;
+          cl.src[s] = x + std::size_t{token} * row_chunks;
+          cl.dst[s] = cl.to[q] + std::size_t{r} * row_chunks;
+        }
       }
-      __syncthreads();  // the tokens are in
+      __syncthreads();  // the rows are placed
       // The next claim goes out now; its answer is needed only after this claim's copy.
       std::uint32_t next = 0;
       if (threadIdx.x == 0) next = atomicAdd(ep.send_next, claim);
       fan_out_rows_from(
-          claim_rows, row_chunks, 1,
-          [&](std::uint32_t s) { return x + std::size_t{cl.tokens[s]} * row_chunks; },
-          [&](std::uint32_t s, std::uint32_t) {
-            std::uint32_t const q = chunk_of_row(cl, s);
-            return cl.to[q] + std::size_t{s - cl.base[q]} * row_chunks;
-          });
+          claim_rows, row_chunks, 1, [&](std::uint32_t s) { return cl.src[s]; },
+          [&](std::uint32_t s, std::uint32_t) { return cl.dst[s]; });
       if (threadIdx.x < claim_rows) {
         std::uint32_t const q = chunk_of_row(cl, threadIdx.x);
         RowMeta const meta = row_meta_for(ep, cl.tokens[threadIdx.x], cl.dest[q]);

@@ -8,33 +8,53 @@
 namespace loom::moe {
 
 #if defined(__CUDACC__)
+// A 16-byte store to global memory (a peer's window included). Through a generic pointer the
+// compiler must assume the store may alias shared memory, so a destination address read from
+// shared memory after one store would wait for it; this store names its state space.
+__device__ __forceinline__ void st_global_v4(uint4* p, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w));
+}
+
 // Copies source row s < rows (row_chunks 16-byte chunks at src_row(s)) to dst_row(s, j) for
 // every j < fan, a row pointer (a peer's window, for instance) or nullptr to skip. Every chunk is
 // read once (through L2: a peer may have written it in this launch) and each thread keeps kLoads
-// reads in flight. The loads are unconditional (the index is clamped to the last chunk) so that
-// they stay in registers: with a predicated load per slot, ptxas moved the slots to local memory
-// and every read waited for the one before it.
+// reads in flight. The loads are unconditional (the row is clamped to the last) so that they stay
+// in registers: with a predicated load per slot, ptxas moved the slots to local memory and every
+// read waited for the one before it. Thread t copies the block's chunks t, t + blockDim.x, ...:
+// its (row, chunk) position steps by the quotient and remainder of blockDim.x / row_chunks,
+// worked out once, so that no chunk costs a division.
 template <std::uint32_t kLoads = 16, class SrcRow, class DstRow>
 __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint32_t row_chunks,
                                                   std::uint32_t fan, SrcRow const& src_row,
                                                   DstRow const& dst_row) {
-  std::uint32_t const chunks = rows * row_chunks;
-  if (chunks == 0) return;
-  for (std::uint32_t i0 = threadIdx.x; i0 < chunks; i0 += kLoads * blockDim.x) {
+  if (rows == 0 || row_chunks == 0) return;
+  std::uint32_t const step_rows = blockDim.x / row_chunks;
+  std::uint32_t const step_chunks = blockDim.x - step_rows * row_chunks;
+  auto const advance = [&](std::uint32_t& s, std::uint32_t& c) {
+    s += step_rows;
+    c += step_chunks;
+    if (c >= row_chunks) c -= row_chunks, ++s;
+  };
+  std::uint32_t s = threadIdx.x / row_chunks, c = threadIdx.x - s * row_chunks;
+  while (s < rows) {
     uint4 r[kLoads];
+    std::uint32_t ls = s, lc = c;
 #pragma unroll
     for (std::uint32_t u = 0; u < kLoads; ++u) {
-      std::uint32_t const i = min(i0 + u * blockDim.x, chunks - 1);
-      std::uint32_t const s = i / row_chunks;
-      r[u] = __ldcg(src_row(s) + (i - s * row_chunks));
+      r[u] = __ldcg(src_row(min(ls, rows - 1)) + lc);
+      advance(ls, lc);
     }
+    // The stores are predicated, not branched around, so that their addresses can be read ahead.
 #pragma unroll
     for (std::uint32_t u = 0; u < kLoads; ++u) {
-      std::uint32_t const i = i0 + u * blockDim.x;
-      if (i >= chunks) break;
-      std::uint32_t const s = i / row_chunks, c = i - s * row_chunks;
-      for (std::uint32_t j = 0; j < fan; ++j)
-        if (uint4* const row = dst_row(s, j)) row[c] = r[u];
+      bool const valid = s < rows;
+      std::uint32_t const at = min(s, rows - 1);
+      for (std::uint32_t j = 0; j < fan; ++j) {
+        uint4* const row = dst_row(at, j);
+        if (valid && row != nullptr) st_global_v4(row + c, r[u]);
+      }
+      advance(s, c);
     }
   }
 }
