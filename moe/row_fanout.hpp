@@ -5,7 +5,26 @@
 
 #include <cstdint>
 
+#include "runtime/config.hpp"
+
 namespace loom::moe {
+
+// A step of a block-wide copy over rows of `row_chunks` 16-byte chunks: unit `row * row_chunks +
+// chunk` moves on by `stride` units (the block size) through the quotient and remainder of
+// stride / row_chunks, worked out once, so that no step divides.
+struct ChunkStep {
+  std::uint32_t row_chunks, rows, chunks;
+
+  LOOM_HD static ChunkStep of(std::uint32_t row_chunks, std::uint32_t stride) {
+    std::uint32_t const rows = stride / row_chunks;
+    return {row_chunks, rows, stride - rows * row_chunks};
+  }
+  LOOM_HD void advance(std::uint32_t& row, std::uint32_t& chunk) const {
+    row += rows;
+    chunk += chunks;
+    if (chunk >= row_chunks) chunk -= row_chunks, ++row;
+  }
+};
 
 #if defined(__CUDACC__)
 // A 16-byte store to global memory (a peer's window included). Through a generic pointer the
@@ -21,21 +40,14 @@ __device__ __forceinline__ void st_global_v4(uint4* p, uint4 v) {
 // read once (through L2: a peer may have written it in this launch) and each thread keeps kLoads
 // reads in flight. The loads are unconditional (the row is clamped to the last) so that they stay
 // in registers: with a predicated load per slot, ptxas moved the slots to local memory and every
-// read waited for the one before it. Thread t copies the block's chunks t, t + blockDim.x, ...:
-// its (row, chunk) position steps by the quotient and remainder of blockDim.x / row_chunks,
-// worked out once, so that no chunk costs a division.
+// read waited for the one before it. Thread t copies the block's chunks t, t + blockDim.x, ...,
+// its (row, chunk) position moved on by a ChunkStep: no chunk costs a division.
 template <std::uint32_t kLoads = 16, class SrcRow, class DstRow>
 __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint32_t row_chunks,
                                                   std::uint32_t fan, SrcRow const& src_row,
                                                   DstRow const& dst_row) {
   if (rows == 0 || row_chunks == 0) return;
-  std::uint32_t const step_rows = blockDim.x / row_chunks;
-  std::uint32_t const step_chunks = blockDim.x - step_rows * row_chunks;
-  auto const advance = [&](std::uint32_t& s, std::uint32_t& c) {
-    s += step_rows;
-    c += step_chunks;
-    if (c >= row_chunks) c -= row_chunks, ++s;
-  };
+  ChunkStep const step = ChunkStep::of(row_chunks, blockDim.x);
   std::uint32_t s = threadIdx.x / row_chunks, c = threadIdx.x - s * row_chunks;
   while (s < rows) {
     uint4 r[kLoads];
@@ -43,7 +55,7 @@ __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint3
 #pragma unroll
     for (std::uint32_t u = 0; u < kLoads; ++u) {
       r[u] = __ldcg(src_row(min(ls, rows - 1)) + lc);
-      advance(ls, lc);
+      step.advance(ls, lc);
     }
     // The stores are predicated, not branched around, so that their addresses can be read ahead.
 #pragma unroll
@@ -54,7 +66,7 @@ __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint3
         uint4* const row = dst_row(at, j);
         if (valid && row != nullptr) st_global_v4(row + c, r[u]);
       }
-      advance(s, c);
+      step.advance(s, c);
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "moe/expert_tasks.hpp"
 #include "moe/pipeline.hpp"
 #include "moe/reference.hpp"
+#include "moe/row_fanout.hpp"
 #include "moe/view.hpp"
 #include "tests/moe_checks.hpp"
 
@@ -469,6 +470,25 @@ TEST(RunOf, FindsTheLastRunStartingAtOrBeforeEachItem) {
       ASSERT_LT(k, starts[expected + 1]) << "item " << k << " past its run";
     }
   }
+}
+
+// ChunkStep (how a thread of the device row copies moves on by the block size): at every step
+// the row and chunk a division would give, for row widths below, at and above the stride.
+TEST(ChunkStep, StepsToTheRowAndChunkADivisionGives) {
+  for (std::uint32_t const stride : {32u, 128u, 384u, 512u})
+    for (std::uint32_t const row_chunks : {1u, 7u, 8u, 64u, 256u, 383u, 384u, 385u, 896u, 1000u})
+      for (std::uint32_t const thread : {0u, 1u, stride / 2, stride - 1}) {
+        ChunkStep const step = ChunkStep::of(row_chunks, stride);
+        std::uint32_t row = thread / row_chunks, chunk = thread % row_chunks;
+        for (std::uint32_t k = 0; k < 3 * row_chunks + 64; ++k) {
+          std::uint32_t const unit = thread + k * stride;
+          ASSERT_EQ(row, unit / row_chunks)
+              << "stride " << stride << ", " << row_chunks << " chunks a row, unit " << unit;
+          ASSERT_EQ(chunk, unit % row_chunks)
+              << "stride " << stride << ", " << row_chunks << " chunks a row, unit " << unit;
+          step.advance(row, chunk);
+        }
+      }
 }
 
 TEST(MoEConfig, ViolationsNameTheConstraint) {
