@@ -4,74 +4,36 @@
 // moe/ep_view.hpp.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <string>
-#include <vector>
 
 #include "moe/ep_dispatch.hpp"
 #include "moe/expert_tile.hpp"
 
 namespace loom::moe {
 
-// Gather: the rows of landed chunk records from `source`, each into the pool of every local expert
-// it is routed to; the arrival that completes an M-tile emits its up-projection row (GatherTokens).
-// The subscriber publishes one descriptor for a run of landed records; the task splits the run into
-// groups of consecutive records (group_rows), emits one gather for each group but the first under
-// one reservation, and gathers the first. A source's records cover consecutive receive slots
-// (SendOrder numbers rows and chunks in the same order), so a group is one range of rows: one copy
-// loop, one round of claims and arrivals. With P ranks a record holds about a P-th of a token
-// block's rows for each of its experts' bins, so without groups a rank ran several times as many
-// gathers as token blocks, each paying those fixed costs for a few rows.
+// Gather: the rows of one chunk record from `source`, each into the pool of every local expert it
+// is routed to; the arrival that completes an M-tile emits its up-projection row (GatherTokens).
+// A task given several landed records first emits one gather for each of the others: the
+// subscriber that found them landed publishes one descriptor, and the block emits the rest
+// under one reservation.
 struct GatherArrivals {
   static constexpr char const* name = "ep_gather";
   static constexpr unsigned threads = 128;
   static constexpr unsigned shared_bytes = 0;
   using Payload = ChunkPayload;
 
-  // Pairs (row, expert) a gather's tables hold.
-  static constexpr std::uint32_t kMaxPairs = kMaxTokenBlock * kMaxTopK;
-  // Records of a run a task groups; the rest of the run goes to one more task.
-  static constexpr std::uint32_t kRunRecords = 256;
-
-  // Record j of a run joins group (first_j - first_0) / group_rows(v), so a group holds fewer than
-  // group_rows + token_block rows (a record has at most token_block). group_rows is the token
-  // block scaled so that a full batch still makes about kMinTokenBlocks gathers (view.hpp: one a
-  // processor, as the token block itself is chosen), at least a token block (so that consecutive
-  // records' groups differ by at most one), and small enough that a group's pairs fit the
-  // tables. 0 when a token block cannot grow within them: a record per group.
-  LOOM_HD static std::uint32_t group_rows(MoEView const& v) {
-    std::uint32_t const fit = kMaxPairs / v.top_k, block = v.token_block;
-    if (fit < 2 * block) return 0;
-    std::uint32_t const blocks = v.max_blocks / kMinTokenBlocks;
-    std::uint32_t const want = blocks > 1 ? blocks * block : block;
-    return want < fit - block ? want : fit - block;
-  }
-  LOOM_HD static std::uint32_t group_of(std::uint32_t rows, std::uint32_t first0,
-                                        std::uint32_t first, std::uint32_t j) {
-    return rows == 0 ? j : (first - first0) / rows;
-  }
-
   LOOM_HD static ChunkRecord const& record(EpView const& ep, std::uint32_t source,
                                            std::uint32_t chunk) {
     return ep.chunks[std::size_t{source} * ep.chunk_capacity() + chunk];
   }
-  // Group i + 1 of the run's first `records` (groups starting at `start`, then `records`), and
-  // past them the rest of the run, as tasks of their own.
-  LOOM_HD static Task rest(Payload const& p, std::uint32_t const* start, std::uint32_t groups,
-                           std::uint32_t records, std::uint32_t i) {
-    std::uint32_t const g = i + 1;
-    if (g < groups)
-      return encode_task(p.view->gather_type,
-                         ChunkPayload{p.view, p.source, p.chunk + start[g],
-                                      (g + 1 < groups ? start[g + 1] : records) - start[g]});
-    return encode_task(p.view->gather_type,
-                       ChunkPayload{p.view, p.source, p.chunk + records, p.chunks - records});
+  // Gather i of the records after the first, as a task of its own.
+  LOOM_HD static Task rest(Payload const& p, std::uint32_t i) {
+    return encode_task(p.view->gather_type, ChunkPayload{p.view, p.source, p.chunk + 1 + i, 1});
   }
 
   // The record's epoch read again with acquire (the subscriber saw it with a relaxed load): it
   // synchronizes with the sender's release, so the record's rows and metas are visible after it.
-  // One load per record, each on its own thread; the subscriber runs no system-scope fence, which
+  // One load per gather, on its own processor; the subscriber runs no system-scope fence, which
   // would wait for the links to drain while the sends stream.
   LOOM_HD static void acquire_record(ChunkRecord const& rec) {
     (void)load_acquire<std::uint64_t, cuda::thread_scope_system>(rec.epoch);
@@ -82,45 +44,15 @@ struct GatherArrivals {
     return std::size_t{source} * ep.local.max_tokens + first + i;
   }
 
-  // Failure codes (describe_failure).
-  static constexpr std::uint32_t kNotConsecutive = 1;
-  static std::string describe_failure(std::uint32_t code, std::uint64_t a, std::uint64_t b) {
-    if (code == kNotConsecutive)
-      return "a source's chunk records are not consecutive: record " + std::to_string(a >> 32) +
-             " starts at receive slot " + std::to_string(a & 0xFFFFFFFFu) + ", expected " +
-             std::to_string(b);
-    return "unknown failure " + std::to_string(code);
-  }
-
-  // Each task owns its run's records (one gather each in the dynamic bound): it hands a group's to
-  // the group's task and the rest of the run to its task, and gives back all but one of its own.
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
-    std::uint32_t const records = std::min(p.chunks, kRunRecords), rows_per = group_rows(v);
-    std::vector<std::uint32_t> first(records), count(records), start;
-    for (std::uint32_t j = 0; j < records; ++j) {
-      ChunkRecord const& rec = record(ep, p.source, p.chunk + j);
-      acquire_record(rec);
-      first[j] = load_relaxed(rec.first);
-      count[j] = load_relaxed(rec.rows);
-      if (j > 0 && first[j] != first[j - 1] + count[j - 1]) {
-        ctx.fail(kNotConsecutive, std::uint64_t{p.chunk + j} << 32 | first[j],
-                 first[j - 1] + count[j - 1]);
-        return;
-      }
-      if (j == 0 || group_of(rows_per, first[0], first[j], j) !=
-                        group_of(rows_per, first[0], first[j - 1], j - 1))
-        start.push_back(j);
-    }
-    std::uint32_t const groups = static_cast<std::uint32_t>(start.size());
-    if (!ctx.emit_many(groups - 1 + (p.chunks > records ? 1u : 0u),
-                       [&](std::uint32_t i) { return rest(p, start.data(), groups, records, i); }))
-      return;
-    std::uint32_t const own = groups > 1 ? start[1] : records;
-    ctx.retire(own - 1);
-    for (std::uint32_t i = 0; i < first[own - 1] + count[own - 1] - first[0]; ++i) {
-      std::size_t const at = recv_index(ep, p.source, first[0], i);
+    if (!ctx.emit_many(p.chunks - 1, [&](std::uint32_t i) { return rest(p, i); })) return;
+    ChunkRecord const& rec = record(ep, p.source, p.chunk);
+    acquire_record(rec);
+    std::uint32_t const first = load_relaxed(rec.first), rows = load_relaxed(rec.rows);
+    for (std::uint32_t i = 0; i < rows; ++i) {
+      std::size_t const at = recv_index(ep, p.source, first, i);
       RowMeta const meta = ep.recv_meta[at];
       for (std::uint32_t c = 0; c < meta.count; ++c) {
         std::uint32_t index;
@@ -152,56 +84,23 @@ struct GatherArrivals {
             hi.w & 0xFFu};
   }
 
-  // Thread j acquires record j of the run and finds where its group starts; the block emits the
-  // other groups' gathers (and the rest of the run) and takes its own group's rows. Thread i < rows
-  // * k then claims the pool row of (row i / k, its i % k-th expert); the block copies each
-  // received row once to its pool rows (fan_out_rows reads through L2: a peer wrote them); then
-  // each claimant arrives, and the block emits the groups those arrivals completed.
+  // Thread i < rows * k claims the pool row of (row i / k, its i % k-th expert); the block copies
+  // each received row once to its pool rows (fan_out_rows reads through L2: a peer wrote them);
+  // then each claimant arrives, and the block emits the groups those arrivals completed.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
+    if (p.chunks > 1 &&
+        !ctx.emit_many_by_block(p.chunks - 1, [&](std::uint32_t i) { return rest(p, i); }))
+      return;
+    constexpr std::uint32_t kMaxPairs = kMaxTokenBlock * kMaxTopK;
     __shared__ std::uint32_t row_of[kMaxPairs], index_of[kMaxPairs];
     __shared__ std::uint16_t expert_of[kMaxPairs];
-    // The run's records: their first slots and (in index_of) rows; then the records where groups
-    // start (in row_of), and this task's rows.
-    __shared__ std::uint32_t first_of[kRunRecords];
-    __shared__ std::uint32_t run_groups, own_rows, broken;
-    std::uint32_t const records = p.chunks < kRunRecords ? p.chunks : kRunRecords;
-    std::uint32_t const rows_per = group_rows(v);
-    if (threadIdx.x == 0) run_groups = 1, broken = 0;
-    for (std::uint32_t j = threadIdx.x; j < records; j += blockDim.x) {
-      ChunkRecord const& rec = record(ep, p.source, p.chunk + j);
-      acquire_record(rec);
-      first_of[j] = __ldcg(&rec.first);
-      index_of[j] = __ldcg(&rec.rows);
-    }
+    // A peer wrote the record (read through L2), acquired by thread 0 for the block.
+    ChunkRecord const& rec = record(ep, p.source, p.chunk);
+    if (threadIdx.x == 0) acquire_record(rec);
     __syncthreads();
-    std::uint32_t const first = first_of[0];
-    for (std::uint32_t j = threadIdx.x + 1; j < records; j += blockDim.x) {
-      std::uint32_t const expected = first_of[j - 1] + index_of[j - 1];
-      if (first_of[j] != expected) {
-        broken = 1;
-        ctx.fail(kNotConsecutive, std::uint64_t{p.chunk + j} << 32 | first_of[j], expected);
-      }
-      std::uint32_t const g = group_of(rows_per, first, first_of[j], j);
-      if (g != group_of(rows_per, first, first_of[j - 1], j - 1)) row_of[g] = j;
-      if (j == records - 1) run_groups = g + 1;
-    }
-    __syncthreads();
-    if (broken) return;
-    // Groups are numbered without gaps (group_rows >= a record's rows): row_of[g] is set for
-    // every g in [1, groups).
-    std::uint32_t const groups = run_groups, own = groups > 1 ? row_of[1] : records;
-    if (threadIdx.x == 0) {
-      own_rows = first_of[own - 1] + index_of[own - 1] - first;
-      ctx.retire(own - 1);
-    }
-    std::uint32_t const more = groups - 1 + (p.chunks > records ? 1u : 0u);
-    if (more > 0 && !ctx.emit_many_by_block(
-                        more, [&](std::uint32_t i) { return rest(p, row_of, groups, records, i); }))
-      return;
-    __syncthreads();
-    std::uint32_t const rows = own_rows;
+    std::uint32_t const first = __ldcg(&rec.first), rows = __ldcg(&rec.rows);
     std::uint32_t const pairs = rows * v.top_k;
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       std::uint32_t const r = i / v.top_k, c = i - r * v.top_k;

@@ -213,8 +213,7 @@ inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
 }
 
 // Payload of a gather task: chunk records [chunk, chunk + chunks) of `source`, all landed. The
-// task gathers the rows of the first group of them and emits one gather for each of the other
-// groups (GatherArrivals).
+// task gathers the rows of the first and emits one gather for each of the others.
 struct ChunkPayload {
   EpView const* view;
   std::uint32_t source;

@@ -14,7 +14,6 @@
 #include "moe/cpu_layer.hpp"
 #include "moe/ep_cpu_layer.hpp"
 #include "moe/ep_dispatch.hpp"
-#include "moe/ep_receive.hpp"
 #include "moe/reference.hpp"
 #include "runtime/state.hpp"
 
@@ -180,12 +179,11 @@ TEST(EpCpu, TracedCallsMarkEveryRecordPublishedAndTaken) {
       using Times = std::vector<std::vector<std::vector<std::uint64_t>>>;
       Times published(world, std::vector<std::vector<std::uint64_t>>(world));
       Times taken(world, std::vector<std::vector<std::uint64_t>>(world));
-      std::uint32_t tasks = 0, gathers = 0, records = 0;
+      std::uint32_t tasks = 0;
       for (std::uint32_t r = 0; r < world; ++r) {
         for (loom::TraceRecord const& t : layer.executor().take_trace(r)) {
           if (!loom::is_trace_mark(t)) {
             ++tasks;
-            if (t.type == EpPipeline::id<GatherArrivals>) ++gathers;
             continue;
           }
           ASSERT_EQ(t.rank, r);
@@ -202,7 +200,6 @@ TEST(EpCpu, TracedCallsMarkEveryRecordPublishedAndTaken) {
             std::uint32_t const source = t.task_id >> 24, count = t.task_id & 0xFFFFFFu;
             ASSERT_LT(source, world);
             ASSERT_GT(count, 0u);
-            records += count;
             auto& at = taken[r][source];
             if (at.size() < t.wait_ns + count) at.resize(t.wait_ns + count, 0);
             for (std::uint32_t i = t.wait_ns; i < t.wait_ns + count; ++i) {
@@ -213,9 +210,6 @@ TEST(EpCpu, TracedCallsMarkEveryRecordPublishedAndTaken) {
         }
       }
       EXPECT_GT(tasks, 0u);
-      // A gather takes a group of records (GatherArrivals): never more gathers than records.
-      EXPECT_GT(gathers, 0u);
-      EXPECT_LE(gathers, records);
       for (std::uint32_t s = 0; s < world; ++s)
         for (std::uint32_t d = 0; d < world; ++d) {
           SCOPED_TRACE("call " + std::to_string(call) + ", " + std::to_string(s) + " -> " +
@@ -303,73 +297,6 @@ TEST(EpCpu, SendOrderNumbersEveryRowAndChunkOnceExpertByExpert) {
       }
     }
   }
-}
-
-// A gather's groups (GatherArrivals::group_rows, group_of) on random runs of records of 1 to
-// token_block rows: no group without a record, every group's pairs within the gather's tables,
-// and a run that starts at a group's first record and ends with its last is that one group (so
-// that the task emitted for a group gathers all of it). With top-2 and records of a few rows, a
-// group takes several records.
-TEST(EpCpu, GatherGroupsFitTheTablesAndRegroupToThemselves) {
-  using G = GatherArrivals;
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(static_cast<unsigned>(seed));
-  auto groups_of = [](std::uint32_t per, std::vector<std::uint32_t> const& first, std::size_t from,
-                      std::size_t to) {
-    std::vector<std::size_t> start;
-    for (std::size_t j = from; j < to; ++j)
-      if (j == from ||
-          G::group_of(per, first[from], first[j], static_cast<std::uint32_t>(j - from)) !=
-              G::group_of(per, first[from], first[j - 1], static_cast<std::uint32_t>(j - 1 - from)))
-        start.push_back(j);
-    return start;
-  };
-  for (std::uint32_t top_k = 1; top_k <= kMaxTopK; ++top_k)
-    for (std::uint32_t block : {1u, 4u, 16u, 32u})
-      for (std::uint32_t blocks : {1u, 128u, 256u, 1024u}) {
-        MoEView v{};
-        v.top_k = top_k;
-        v.token_block = block;
-        v.max_blocks = blocks;
-        std::uint32_t const per = G::group_rows(v);
-        SCOPED_TRACE("top-" + std::to_string(top_k) + ", token blocks of " + std::to_string(block) +
-                     ", " + std::to_string(blocks) + " of them");
-        if (per != 0) {
-          EXPECT_GE(per, block);
-        }
-        if (blocks <= kMinTokenBlocks && per != 0) {
-          EXPECT_EQ(per, block) << "a batch of few token blocks keeps a gather per record";
-        }
-        for (int run = 0; run < 20; ++run) {
-          std::size_t const records = 1 + rng() % 200;
-          std::vector<std::uint32_t> first(records + 1, rng() % 1000);
-          for (std::size_t j = 0; j < records; ++j) first[j + 1] = first[j] + 1 + rng() % block;
-          std::vector<std::size_t> const start = groups_of(per, first, 0, records);
-          ASSERT_EQ(start.front(), 0u);
-          for (std::size_t g = 0; g < start.size(); ++g) {
-            std::size_t const end = g + 1 < start.size() ? start[g + 1] : records;
-            std::uint32_t const rows = first[end] - first[start[g]];
-            EXPECT_LE(std::uint64_t{rows} * top_k, G::kMaxPairs) << "group " << g;
-            EXPECT_EQ(groups_of(per, first, start[g], end).size(), 1u) << "group " << g;
-            if (per == 0) {
-              EXPECT_EQ(end - start[g], 1u) << "group " << g;
-            }
-          }
-          // Group numbers have no gaps: the last record's group + 1 groups.
-          EXPECT_EQ(start.size(), G::group_of(per, first[0], first[records - 1],
-                                              static_cast<std::uint32_t>(records - 1)) +
-                                      std::size_t{1});
-        }
-      }
-  // 8192 tokens a rank, top-2, P = 4: records of about 28 rows go two or three to a gather.
-  MoEView v{};
-  v.top_k = 2;
-  v.token_block = 32;
-  v.max_blocks = 256;
-  std::vector<std::uint32_t> first(17, 0);
-  for (std::size_t j = 0; j < 16; ++j) first[j + 1] = first[j] + 28;
-  EXPECT_EQ(groups_of(G::group_rows(v), first, 0, 16).size(), 7u);
 }
 
 // Caller routings that stress the exchange, on 2, 4 and 8 ranks of two experts each: all tokens
