@@ -153,7 +153,7 @@ struct SendPayload {
 };
 
 // After every route on this rank: the bins' rows go out in the send order (ep_view.hpp), each
-// token once to every rank holding one of its experts. A task claims the next `send_claim`
+// token once to every rank holding one of its experts. A task claims the next kSendClaim
 // chunks of the order (send_next) until none is left, so the chunks leave about in order and a
 // destination's pools fill expert by expert. Per claim: the chunks' rows into their
 // destinations' recv areas (consecutive slots per chunk), their metas, and then each chunk's
@@ -169,19 +169,20 @@ struct SendBlocks {
   // Device, in shared memory: the claim's chunks, then the send order's tables (rows, row_base,
   // chunk_base, start).
   struct Claim {
-    uint4* to[kMaxSendClaim];                  // each chunk's first row in its destination's window
-    std::uint32_t const* from[kMaxSendClaim];  // each chunk's tokens in bin_tokens
-    std::uint32_t dest[kMaxSendClaim], first[kMaxSendClaim], record[kMaxSendClaim];
-    std::uint32_t base[kMaxSendClaim + 1];  // the claim's rows before each chunk (then all)
+    uint4* to[kSendClaim];                  // each chunk's first row in its destination's window
+    std::uint32_t const* from[kSendClaim];  // each chunk's tokens in bin_tokens
+    std::uint32_t dest[kSendClaim], first[kSendClaim], record[kSendClaim];
+    std::uint32_t base[kSendClaim + 1];  // the claim's rows before each chunk (then all)
     // The claim's rows, chunk by chunk: each row's token and where it is copied from and to.
-    uint4 const* src[kMaxSendClaim * kMaxTokenBlock];
-    uint4* dst[kMaxSendClaim * kMaxTokenBlock];
-    std::uint32_t tokens[kMaxSendClaim * kMaxTokenBlock];
-    std::uint32_t claimed;  // the first chunk of the next claim
+    uint4 const* src[kSendClaim * kMaxTokenBlock];
+    uint4* dst[kSendClaim * kMaxTokenBlock];
+    std::uint32_t tokens[kSendClaim * kMaxTokenBlock];
+    std::uint8_t chunk[kSendClaim * kMaxTokenBlock];  // the claim's chunk each row is of
+    std::uint32_t claimed;                            // the first chunk of the next claim
   };
   static constexpr unsigned shared_bytes =
       sizeof(Claim) + (4 * kMaxExperts + 1) * sizeof(std::uint32_t);
-  static_assert(kMaxSendClaim * kMaxTokenBlock <= threads, "a thread per row of a claim");
+  static_assert(kSendClaim * kMaxTokenBlock <= threads, "a thread per row of a claim");
   using Payload = SendPayload;
 
   // After a send task's chunks, and after the plan's messages: the last of the call lowers the
@@ -230,9 +231,9 @@ struct SendBlocks {
       order.start_positions(ep, 0, 1);
       SymmetricView const& heap = ctx.heap();
       std::uint32_t const total = order.start[bins];
-      for (std::uint32_t c0; (c0 = fetch_add_relaxed(*ep.send_next, ep.send_claim)) < total;) {
-        std::uint32_t const n = std::min(ep.send_claim, total - c0);
-        Chunk claimed[kMaxSendClaim];
+      for (std::uint32_t c0; (c0 = fetch_add_relaxed(*ep.send_next, kSendClaim)) < total;) {
+        std::uint32_t const n = std::min(kSendClaim, total - c0);
+        Chunk claimed[kSendClaim];
         for (std::uint32_t q = 0; q < n; ++q) claimed[q] = chunk_at(ep, order, c0 + q);
         for (std::uint32_t q = 0; q < n; ++q) {
           Chunk const& ch = claimed[q];
@@ -277,29 +278,22 @@ struct SendBlocks {
     }
   }
 
-  // The claim's chunk holding its row s (base[q] <= s < base[q + 1]; base[] past the claim's
-  // chunks is its row count).
-  __device__ static std::uint32_t chunk_of_row(Claim const& cl, std::uint32_t s) {
-    std::uint32_t q = 0;
-#pragma unroll
-    for (std::uint32_t i = 1; i < kMaxSendClaim; ++i) q += s >= cl.base[i] ? 1u : 0u;
-    return q;
-  }
-
   __device__ static void send_chunks(EpView const& ep, MoEView const& v, TaskContext& ctx) {
     Claim& cl = *static_cast<Claim*>(ctx.shared_memory());
     auto* const words = reinterpret_cast<std::uint32_t*>(&cl + 1);
     std::uint32_t const bins = ep.bins();
     std::uint32_t* const rows = words;
     SendOrder const order{rows, rows + bins, rows + 2 * bins, rows + 3 * bins};
+    // The first claim goes out before the tables are built; its answer is needed only after.
+    std::uint32_t first = 0;
+    if (threadIdx.x == 0) first = atomicAdd(ep.send_next, kSendClaim);
     for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x)
       rows[b] = load_relaxed(ep.bin_rows[b]);
     __syncthreads();
     order.number_bins(ep, threadIdx.x, blockDim.x);
     __syncthreads();
     order.start_positions(ep, threadIdx.x, blockDim.x);
-    std::uint32_t const claim = ep.send_claim;
-    if (threadIdx.x == 0) cl.claimed = atomicAdd(ep.send_next, claim);
+    if (threadIdx.x == 0) cl.claimed = first;
     __syncthreads();
     std::uint32_t const total = order.start[bins];
     SymmetricView const& heap = ctx.heap();
@@ -308,7 +302,7 @@ struct SendBlocks {
     for (;;) {
       std::uint32_t const c0 = cl.claimed;
       if (c0 >= total) break;
-      std::uint32_t const n = min(claim, total - c0);
+      std::uint32_t const n = min(kSendClaim, total - c0);
       std::uint32_t chunk_rows = 0;
       if (threadIdx.x < n) {
         Chunk const ch = chunk_at(ep, order, c0 + threadIdx.x);
@@ -320,25 +314,26 @@ struct SendBlocks {
         cl.record[threadIdx.x] = ch.record;
         chunk_rows = ch.rows;
       }
-      // Warp 0 numbers the claim's rows chunk by chunk (n <= kMaxSendClaim <= 32).
+      // Warp 0 numbers the claim's rows chunk by chunk (n <= kSendClaim <= 32).
       if (threadIdx.x < 32) {
         std::uint32_t incl = chunk_rows;
 #pragma unroll
-        for (std::uint32_t d = 1; d < kMaxSendClaim; d *= 2) {
+        for (std::uint32_t d = 1; d < kSendClaim; d *= 2) {
           std::uint32_t const up = __shfl_up_sync(0xFFFFFFFFu, incl, d);
           if (threadIdx.x >= d) incl += up;
         }
         std::uint32_t const all = __shfl_sync(0xFFFFFFFFu, incl, n - 1);
-        if (threadIdx.x <= kMaxSendClaim)
+        if (threadIdx.x <= kSendClaim)
           cl.base[threadIdx.x] = threadIdx.x < n ? incl - chunk_rows : all;
       }
       __syncthreads();  // every thread has read the claim; the chunks are placed
-      std::uint32_t const claim_rows = cl.base[kMaxSendClaim];
-      if (threadIdx.x < kMaxSendClaim * kMaxTokenBlock) {
+      std::uint32_t const claim_rows = cl.base[kSendClaim];
+      if (threadIdx.x < kSendClaim * kMaxTokenBlock) {
         std::uint32_t const q = threadIdx.x / block, r = threadIdx.x - q * block;
         if (q < n && cl.base[q] + r < cl.base[q + 1]) {
           std::uint32_t const s = cl.base[q] + r, token = __ldcg(cl.from[q] + r);
           cl.tokens[s] = token;
+          cl.chunk[s] = static_cast<std::uint8_t>(q);
           cl.src[s] = x + std::size_t{token} * row_chunks;
           cl.dst[s] = cl.to[q] + std::size_t{r} * row_chunks;
         }
@@ -346,12 +341,12 @@ struct SendBlocks {
       __syncthreads();  // the rows are placed
       // The next claim goes out now; its answer is needed only after this claim's copy.
       std::uint32_t next = 0;
-      if (threadIdx.x == 0) next = atomicAdd(ep.send_next, claim);
+      if (threadIdx.x == 0) next = atomicAdd(ep.send_next, kSendClaim);
       fan_out_rows_from(
           claim_rows, row_chunks, 1, [&](std::uint32_t s) { return cl.src[s]; },
           [&](std::uint32_t s, std::uint32_t) { return cl.dst[s]; });
       if (threadIdx.x < claim_rows) {
-        std::uint32_t const q = chunk_of_row(cl, threadIdx.x);
+        std::uint32_t const q = cl.chunk[threadIdx.x];
         RowMeta const meta = row_meta_for(ep, cl.tokens[threadIdx.x], cl.dest[q]);
         auto* const at = reinterpret_cast<uint4*>(heap.peer(
             cl.dest[q], ep.recv_meta + recv_slot(ep, cl.first[q] + threadIdx.x - cl.base[q])));

@@ -83,13 +83,25 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   ep.row_rank = row_rank_.get();
   ep.local_tokens = local_tokens_.get();
   ep.combine_list = combine_list_.get();
+  // One pair of GEMM operands per M-tile height, over the same buffers.
   ExpertSide const side{el, shape_.pool_rows};
-  up_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
-      up_gemm_desc(config, buf_->pool.get(), buf_->w1.get(), buf_->h.get(), side), gemms.up);
-  down_gemm_ = std::make_unique<tasks::gemm::DeviceGemm>(
-      down_gemm_desc(config, buf_->h.get(), buf_->w2.get(), v.y, side), gemms.down);
-  v.up_ops = up_gemm_->device();
-  v.down_ops = down_gemm_->device();
+  auto const bind_gemms = [&](MoEView& view, ExpertGemmConfigs const& g, Gemms& out) {
+    out.up = std::make_unique<tasks::gemm::DeviceGemm>(
+        up_gemm_desc(config, buf_->pool.get(), buf_->w1.get(), buf_->h.get(), side), g.up);
+    out.down = std::make_unique<tasks::gemm::DeviceGemm>(
+        down_gemm_desc(config, buf_->h.get(), buf_->w2.get(), v.y, side), g.down);
+    view.up_ops = out.up->device();
+    view.down_ops = out.down->device();
+  };
+  bind_gemms(v, gemms, gemms_);
+  ExpertGemmConfigs short_gemms;
+  if (short_ep_gemms(config, world, path, short_gemms)) {
+    MoEView s = v;  // the short view: the local view with the 64-row operands
+    s.short_rows = 0;
+    bind_gemms(s, short_gemms, short_gemms_);
+    short_view_ = DeviceBuffer<MoEView>(std::vector<MoEView>{s});
+    v.short_view = short_view_.get();
+  }
   view_ = DeviceBuffer<EpView>(std::vector<EpView>{ep});
   // Role 0 receives, role 1 combines: two subscriber warps.
   options.subscribers = std::max(options.subscribers, 2u);

@@ -66,7 +66,13 @@ class GpuEpMoERank {
   DeviceBuffer<std::uint32_t> row_rank_, local_tokens_, combine_list_;
   DeviceBuffer<std::uint64_t> last_sent_;
   DeviceBuffer<std::uint32_t> bin_rows_, bin_tokens_, send_next_, sends_done_;  // see EpView
-  std::unique_ptr<tasks::gemm::DeviceGemm> up_gemm_, down_gemm_;
+  struct Gemms {
+    std::unique_ptr<tasks::gemm::DeviceGemm> up, down;
+  };
+  // The local view's operands; the 64-row ones of an expert's last M-tile and the short view
+  // that holds them (none where the tiles are short already: short_ep_gemms).
+  Gemms gemms_, short_gemms_;
+  DeviceBuffer<MoEView> short_view_;
   DeviceBuffer<EpView> view_;
   std::unique_ptr<GpuExecutor<EpPipeline, EpDecoder>> executor_;
   std::uint32_t last_tokens_ = 0;

@@ -25,11 +25,25 @@ std::uint32_t ep_pool_rows(MoEConfig const& c, std::uint32_t world) {
   return static_cast<std::uint32_t>(rows);
 }
 
-ExpertGemmConfigs choose_ep_gemms(MoEConfig const& c, std::uint32_t world,
-                                  tasks::gemm::MmaPath path) {
+namespace {
+
+// The layer on `world` ranks as one problem: every rank's tokens over all experts.
+MoEConfig whole_problem(MoEConfig const& c, std::uint32_t world) {
   MoEConfig whole = c;
   whole.max_tokens = c.max_tokens * world;
-  return choose_expert_gemms(whole, path);
+  return whole;
+}
+
+}  // namespace
+
+ExpertGemmConfigs choose_ep_gemms(MoEConfig const& c, std::uint32_t world,
+                                  tasks::gemm::MmaPath path) {
+  return choose_expert_gemms(whole_problem(c, world), path);
+}
+
+bool short_ep_gemms(MoEConfig const& c, std::uint32_t world, tasks::gemm::MmaPath path,
+                    ExpertGemmConfigs& out) {
+  return short_expert_gemms(whole_problem(c, world), path, out);
 }
 
 EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfigs const& gemms) {
@@ -44,6 +58,9 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
   ep.local_experts = c.experts / placement.world;
   ep.pool_rows = ep_pool_rows(c, placement.world);
   ep.local.max_mtiles = ep.pool_rows / ep.local.tile_rows + ep.local_experts;
+  ExpertGemmConfigs short_gemms;
+  if (short_ep_gemms(c, placement.world, gemms.up.path, short_gemms))
+    ep.local.short_rows = short_gemms.up.block_m;
   ep.local.mtile_group = kMTileGroup;
   ep.local.up_type = EpPipeline::id<ExpertUp>;
   ep.local.down_type = EpPipeline::id<ExpertDownRemote>;
@@ -56,7 +73,6 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfig
   // destination, its bins' rows in token blocks.
   std::uint32_t const chunks = placement.world * (ep.local.max_blocks + ep.local_experts - 1);
   ep.send_tasks = std::min(chunks, kSendTasks);
-  ep.send_claim = kSendClaim;
   return ep;
 }
 

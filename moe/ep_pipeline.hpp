@@ -15,13 +15,11 @@ namespace loom::moe {
 using EpPipeline = Pipeline<RouteTile, RouteBlock, PlanDispatch, SendBlocks, GatherArrivals,
                             ExpertUp, ExpertDownRemote, CombineTokens, CombineArrived>;
 
-// Send tasks of a rank (fewer when it has fewer chunks), and the chunks each claims at a time
-// (kMaxSendClaim at most). 24 x 4 leaves 40 processors more to the gathers and GEMMs than the
+// Send tasks of a rank (fewer when it has fewer chunks), each claiming kSendClaim chunks at a
+// time (moe/ep_view.hpp). 24 x 4 leaves 40 processors more to the gathers and GEMMs than the
 // 64 x 1 before it, and the layer was 3% faster at P = 4 (docs/ep.md, "The sends: several
 // chunks a claim").
 inline constexpr std::uint32_t kSendTasks = 24;
-inline constexpr std::uint32_t kSendClaim = 4;
-static_assert(kSendClaim >= 1 && kSendClaim <= kMaxSendClaim);
 
 // How the layer is spread: `world` ranks, each with E / world experts and up to
 // config.max_tokens tokens of its own per call.
@@ -41,8 +39,16 @@ std::uint32_t ep_pool_rows(MoEConfig const& config, std::uint32_t world);
 // experts), so every world size computes each row the same way.
 ExpertGemmConfigs choose_ep_gemms(MoEConfig const& config, std::uint32_t world,
                                   tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
+// As on one GPU (make_layer_shapes): where those are 128 rows tall, the 64-row configuration that
+// an expert's last M-tile of at most 64 rows runs on (short_expert_gemms over the whole
+// problem; the main view's short_rows and short_view); false where the tiles are short already.
+bool short_ep_gemms(MoEConfig const& config, std::uint32_t world, tasks::gemm::MmaPath path,
+                    ExpertGemmConfigs& out);
 
-// The shape-derived part of a rank's view (no pointers), with the EP pipeline's type ids.
+// The shape-derived part of a rank's view (no pointers), with the EP pipeline's type ids. Its
+// short_rows is set where short_ep_gemms has a configuration (the layer points short_view at a
+// view over its operands); short_tokens stays 0: the plan counts every call's M-tiles on the
+// main view.
 EpView make_ep_shape(MoEConfig const& config, EpPlacement placement,
                      ExpertGemmConfigs const& gemms);
 

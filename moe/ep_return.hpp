@@ -59,7 +59,7 @@ struct ExpertDownRemote {
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *reinterpret_cast<EpView const*>(p.view);
     auto const tag = reinterpret_cast<std::uint64_t>(&ep);
-    RemoteDownGemm::host(gemm_tile<RemoteDownGemm>(p, ep.local.down_ops, tag), ctx);
+    RemoteDownGemm::host(gemm_tile<RemoteDownGemm>(p, p.ops, tag), ctx);
     if (ctx.failed()) return;
     // One arrival per row, aggregated over runs of rows bound for the same (rank, block).
     std::uint32_t r = 0;
@@ -79,7 +79,7 @@ struct ExpertDownRemote {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *reinterpret_cast<EpView const*>(p.view);
     auto const tag = reinterpret_cast<std::uint64_t>(&ep);
-    RemoteDownGemm::device(gemm_tile<RemoteDownGemm>(p, ep.local.down_ops, tag), ctx);
+    RemoteDownGemm::device(gemm_tile<RemoteDownGemm>(p, p.ops, tag), ctx);
     __syncthreads();
     unsigned const rows_mask = __ballot_sync(0xFFFFFFFFu, threadIdx.x < p.rows);
     if (threadIdx.x < p.rows) {

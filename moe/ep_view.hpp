@@ -91,7 +91,6 @@ struct EpView {
   std::uint32_t routed_event;        // fires when every route on this rank is done
   std::uint32_t skip_sends;          // test hook: 1 = this rank never sends (a silent peer)
   std::uint32_t send_tasks;          // ep_send tasks: each sends the next chunks of the order
-  std::uint32_t send_claim;          // chunks a send task claims at a time (1 .. kMaxSendClaim)
 
   // Symmetric regions, as pointers into this rank's own window (peers via SymmetricView::peer).
   std::uint32_t* inbox;
@@ -122,8 +121,10 @@ struct EpView {
   LOOM_HD std::uint32_t bins() const { return world * local_experts; }
 };
 
-// Chunks one claim of a send task may take: copied together, published after one fence.
-inline constexpr std::uint32_t kMaxSendClaim = 4;
+// Chunks one claim of a send task takes (fewer at the end of the order): copied together,
+// published after one fence.
+inline constexpr std::uint32_t kSendClaim = 4;
+static_assert(kSendClaim >= 1 && kSendClaim <= 32, "warp 0 numbers a claim's chunks");
 
 // The send order. Bin d * E_local + e holds this rank's tokens whose lowest local expert on rank
 // d is e (each token is in one bin per destination). The sends take the bins expert by expert:

@@ -310,8 +310,15 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
   std::uint32_t const world = GetParam();
   std::int32_t const experts = static_cast<std::int32_t>(2 * world);
   MoEConfig const c = ep_config(2 * world, 2, 260);  // two experts per rank: top-k = E_local
-  ASSERT_EQ(make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).local.tile_rows,
-            128u);
+  MoEView const shape = make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).local;
+  ASSERT_EQ(shape.tile_rows, 128u);
+  // An expert's last M-tile of at most 64 rows runs on the 64-row operands: the hot expert's
+  // tenth on four ranks (1034 rows), most experts' last in the random patterns.
+  ExpertGemmConfigs short_gemms;
+  ASSERT_TRUE(short_ep_gemms(c, world, loom::tasks::gemm::MmaPath::wgmma, short_gemms));
+  EXPECT_EQ(shape.short_rows, 64u);
+  EXPECT_EQ(short_gemms.up.block_m, 64u);
+  EXPECT_EQ(shape.short_tokens, 0u);
   std::int32_t const hot = experts - 3;  // local expert 1 of rank world - 2
   std::uint32_t const idle = world > 2 ? 2 : 1;
   SeededLayer run(c, world, fresh_seed());
@@ -425,10 +432,13 @@ TEST(EpCpu, ManyLocalExpertsInEveryBinSizeMatchReference) {
 // The same global problem split over 1, 2, 4 and 8 ranks (and on the single-rank layer) gives
 // bitwise the same output: each row is computed the same way wherever it lands, and combined
 // in top-k order. With 16 experts the route tasks take one token block each; with 128 the shape
-// is the router tile's, whose route groups span several token blocks on some world sizes.
+// is the router tile's, whose route groups span several token blocks on some world sizes. With
+// 1024 tokens over 16 experts (about 256 rows each) the M-tiles are 128 rows tall and an
+// expert's last one of at most 64 rows takes the 64-row operands.
 class EpCpuWorlds : public ::testing::TestWithParam<std::pair<std::uint32_t, std::uint32_t>> {};
 INSTANTIATE_TEST_SUITE_P(ExpertsAndTokens, EpCpuWorlds,
-                         ::testing::Values(std::pair{16u, 96u}, std::pair{128u, 1536u}));
+                         ::testing::Values(std::pair{16u, 96u}, std::pair{128u, 1536u},
+                                           std::pair{16u, 1024u}));
 
 TEST_P(EpCpuWorlds, OutputIsBitwiseIdenticalAcrossWorldSizes) {
   auto const [experts, global_tokens] = GetParam();
