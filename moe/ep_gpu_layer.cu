@@ -114,13 +114,17 @@ void GpuEpMoERank::launch(EpRankCall const& call, cudaStream_t stream) {
   start(stream);
 }
 
-void GpuEpMoERank::prepare(EpRankCall const& call, cudaStream_t stream) {
-  ScopedDevice on(device_);
+void GpuEpMoERank::check_call(EpRankCall const& call) const {
   if (call.tokens > config_.max_tokens)
     throw Error("loom: rank " + std::to_string(shape_.rank) + ": " + std::to_string(call.tokens) +
                 " tokens exceed max_tokens=" + std::to_string(config_.max_tokens));
   if ((call.ids == nullptr) != (call.weights == nullptr))
     throw Error("loom: rank " + std::to_string(shape_.rank) + ": routing needs ids and weights");
+}
+
+void GpuEpMoERank::prepare(EpRankCall const& call, cudaStream_t stream) {
+  ScopedDevice on(device_);
+  check_call(call);
   buf_->enqueue_call(&view_.get()->local, nullptr, call.x, call.out, call.tokens, config_.top_k,
                      call.ids, call.weights, stream);
   last_tokens_ = call.tokens;
@@ -129,6 +133,15 @@ void GpuEpMoERank::prepare(EpRankCall const& call, cudaStream_t stream) {
 void GpuEpMoERank::start(cudaStream_t stream) {
   ScopedDevice on(device_);
   executor_->launch(stream);
+}
+
+void GpuEpMoERank::replay(cudaGraphExec_t graph, EpRankCall const& call, cudaStream_t stream) {
+  ScopedDevice on(device_);
+  if (executor_->stuck())
+    throw Error("loom: rank " + std::to_string(shape_.rank) +
+                ": an earlier launch never ended (see its error); it cannot launch again");
+  LOOM_CUDA(cudaGraphLaunch(graph, stream));
+  last_tokens_ = call.tokens;
 }
 
 std::string GpuEpMoERank::failure(cudaStream_t stream) {
@@ -191,6 +204,7 @@ GpuEpMoEGroup::GpuEpMoEGroup(MoEConfig const& config, MoEWeights const& weights,
 }
 
 GpuEpMoEGroup::~GpuEpMoEGroup() {
+  drop_graphs();
   for (std::size_t r = 0; r < streams_.size(); ++r) {
     ScopedDevice on(ranks_[r]->device(), std::nothrow);
     cudaStreamDestroy(streams_[r]);
@@ -199,14 +213,70 @@ GpuEpMoEGroup::~GpuEpMoEGroup() {
   heaps_.reset();  // before the communicators
 }
 
+namespace {
+
+bool same_call(EpRankCall const& a, EpRankCall const& b) {
+  return a.x == b.x && a.tokens == b.tokens && a.out == b.out && a.ids == b.ids &&
+         a.weights == b.weights;
+}
+
+}  // namespace
+
 void GpuEpMoEGroup::forward(std::vector<EpRankCall> const& calls) {
   if (calls.size() != world())
     throw Error("loom: " + std::to_string(calls.size()) + " rank calls for a group of " +
                 std::to_string(world()) + " GPUs");
-  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->prepare(calls[r], streams_[r]);
-  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->start(streams_[r]);
-  // After every launch: check() then waits for each stream and reads the copy.
-  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->executor().copy_error_back(streams_[r]);
+  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->check_call(calls[r]);
+  bool const repeat = last_.size() == calls.size() &&
+                      std::equal(calls.begin(), calls.end(), last_.begin(), same_call);
+  if (!repeat) {
+    drop_graphs();
+    last_ = calls;
+    for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->prepare(calls[r], streams_[r]);
+    for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->start(streams_[r]);
+    // After every launch: check() then waits for each stream and reads the copy.
+    for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->executor().copy_error_back(streams_[r]);
+    return;
+  }
+  if (graphs_.empty()) capture(calls);
+  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->replay(graphs_[r], calls[r], streams_[r]);
+  ++replayed_;
+}
+
+void GpuEpMoEGroup::capture(std::vector<EpRankCall> const& calls) {
+  for (std::uint32_t r = 0; r < world(); ++r) {
+    ScopedDevice on(ranks_[r]->device());
+    cudaStream_t const s = streams_[r];
+    LOOM_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      ranks_[r]->prepare(calls[r], s);
+      ranks_[r]->start(s);
+      ranks_[r]->executor().copy_error_back(s);
+    } catch (...) {
+      cudaStreamEndCapture(s, &graph);  // the stream leaves capture mode either way
+      if (graph) cudaGraphDestroy(graph);
+      drop_graphs();
+      throw;
+    }
+    LOOM_CUDA(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t const made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (made != cudaSuccess) {
+      drop_graphs();
+      LOOM_CUDA(made);
+    }
+    graphs_.push_back(exec);
+  }
+}
+
+void GpuEpMoEGroup::drop_graphs() {
+  for (std::uint32_t r = 0; r < graphs_.size(); ++r) {
+    ScopedDevice on(ranks_[r]->device(), std::nothrow);
+    cudaGraphExecDestroy(graphs_[r]);
+  }
+  graphs_.clear();
 }
 
 void GpuEpMoEGroup::check() {
@@ -216,6 +286,8 @@ void GpuEpMoEGroup::check() {
     if (!m.empty()) message += (message.empty() ? "" : "\n") + m;
   }
   if (message.empty()) return;
+  drop_graphs();
+  last_.clear();
   // Every rank restarts one epoch past the failed call, together, from a clean window.
   std::uint64_t epoch = 0;
   for (auto& rank : ranks_) epoch = std::max(epoch, rank->epoch());

@@ -42,6 +42,11 @@ class GpuEpMoERank {
   // waits for the others' counts messages), and a bad call on one rank launches none.
   void prepare(EpRankCall const& call, cudaStream_t stream);
   void start(cudaStream_t stream);
+  // Throws loom::Error naming the rank if `call` is not one it can run (prepare's checks).
+  void check_call(EpRankCall const& call) const;
+  // Enqueues `graph`, a capture of prepare(call), start() and the error record's copy on this
+  // rank's stream (GpuEpMoEGroup::forward), in place of them.
+  void replay(cudaGraphExec_t graph, EpRankCall const& call, cudaStream_t stream);
   // Waits for `stream`; returns the launch's error ("" if none), leaving the state as it is.
   std::string failure(cudaStream_t stream);
   // After a failed call on any rank: the next launch is number `epoch` with every counter
@@ -90,17 +95,29 @@ class GpuEpMoEGroup {
   GpuEpMoERank& rank(std::uint32_t r) { return *ranks_.at(r); }
   cudaStream_t stream(std::uint32_t r) const { return streams_.at(r); }
 
-  // Enqueues one call on every rank, each on its stream; no host sync.
+  // Enqueues one call on every rank, each on its stream; no host sync. A call with the same
+  // arguments as the one before (pointers and token counts on every rank) replays per-rank CUDA
+  // graphs of its enqueueing, captured at the first repeat: one cudaGraphLaunch per GPU in place
+  // of three enqueues, so that the last GPU starts sooner (every rank waits for the others'
+  // counts messages).
   void forward(std::vector<EpRankCall> const& calls);
   // Waits for every rank; throws loom::Error with each failing rank's message, after which
   // every rank is ready for the next call.
   void check();
+  // Calls that replayed captured graphs.
+  std::uint64_t replayed_calls() const { return replayed_; }
 
  private:
+  void capture(std::vector<EpRankCall> const& calls);
+  void drop_graphs();
+
   std::vector<NcclCommunicator> comms_;
   std::unique_ptr<NcclSymmetricHeapSet> heaps_;
   std::vector<std::unique_ptr<GpuEpMoERank>> ranks_;
   std::vector<cudaStream_t> streams_;
+  std::vector<EpRankCall> last_;         // the last call's arguments (none after a failure)
+  std::vector<cudaGraphExec_t> graphs_;  // per rank, of last_ (empty: not captured)
+  std::uint64_t replayed_ = 0;
 };
 
 }  // namespace loom::moe

@@ -106,6 +106,53 @@ TEST_P(EpGpu, FusedRouterMatchesFloat64ReferenceOverRepeatedCalls) {
   }
 }
 
+// Calls with the same arguments replay per-rank CUDA graphs (captured at the first repeat) and
+// stay correct with new contents in the same buffers; a call with another buffer enqueues
+// directly, and the next repeat captures again.
+TEST_P(EpGpu, RepeatedCallsReplayCapturedGraphs) {
+  std::uint32_t const world = GetParam();
+  LOOM_REQUIRE_GPUS(static_cast<int>(world));
+  MoEConfig const c =
+      moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, 256);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  GpuEpMoEGroup group(c, w, first_devices(world));
+  std::vector<RankData> ranks(world);
+  for (std::uint32_t r = 0; r < world; ++r) {
+    ranks[r].device = static_cast<int>(r);
+    ranks[r].tokens = c.max_tokens - 7 * r;
+    ranks[r].x = random_tokens(c, ranks[r].tokens, seed + r);
+    ranks[r].upload(c.hidden);
+  }
+  // Replayed calls after each call: the first enqueues, the second captures and replays, the
+  // fifth has a new buffer on rank 0, the sixth captures again.
+  std::uint64_t const replayed[] = {0, 1, 2, 3, 3, 4};
+  for (int call = 0; call < 6; ++call) {
+    for (std::uint32_t r = 0; call > 0 && r < world; ++r) {
+      RankData& d = ranks[r];
+      d.x = random_tokens(c, d.tokens, seed + 100 * call + r);
+      if (call == 4 && r == 0) {
+        d.upload(c.hidden);
+        continue;
+      }
+      loom::ScopedDevice on(d.device);
+      d.dx.upload(d.x);
+      d.dout.fill_bytes(0xFF);
+    }
+    group.forward(calls(ranks, false));
+    group.check();
+    EXPECT_EQ(group.replayed_calls(), replayed[call]) << "call " << call;
+    for (std::uint32_t r = 0; r < world; ++r) {
+      auto const ids = group.rank(r).topk_ids();
+      auto const wts = group.rank(r).topk_weights();
+      auto const ref =
+          reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens, ids.data(), wts.data());
+      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "call " << call << " rank " << r;
+    }
+  }
+}
+
 // All tokens to one rank's experts, one hot expert, -1 entries, a rank with no tokens.
 TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
   std::uint32_t const world = GetParam();
