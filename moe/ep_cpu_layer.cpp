@@ -15,7 +15,7 @@ struct CpuEpMoELayer::Rank {
   std::vector<std::int32_t> ids;
   std::vector<float> weights;
   // The local view's GEMM operands, then the 64-row ones of an expert's last M-tile and the
-  // short view that holds them (short_ep_gemms).
+  // short view that holds them (ep_short_view).
   std::unique_ptr<tasks::gemm::GemmOperands> up_ops, down_ops, short_up_ops, short_down_ops;
   std::unique_ptr<MoEView> short_view;
   std::unique_ptr<EpView> view;
@@ -37,9 +37,7 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     : config_(config), world_(world) {
   validate_placement(config, world);
   check_shapes(config, weights);
-  ExpertGemmConfigs const gemms = choose_ep_gemms(config, world);
-  ExpertGemmConfigs short_gemms;
-  bool const has_short = short_ep_gemms(config, world, gemms.up.path, short_gemms);
+  EpGemms const gemms = choose_ep_gemms(config, world);
   EpView const shape = make_ep_shape(config, EpPlacement{0, world}, gemms);
   regions_ = ep_heap_layout(shape.local, world, shape.local_experts, layout_);
   heap_ = std::make_unique<HostSymmetricHeap>(layout_, world);
@@ -122,17 +120,15 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     tasks::gemm::GemmDesc const up = up_gemm_desc(config, m.pool.data(), m.w1.data(), m.h.data(),
                                                   side),
                                 down = down_gemm_desc(config, m.h.data(), m.w2.data(), v.y, side);
-    m.up_ops = operands(up, gemms.up);
-    m.down_ops = operands(down, gemms.down);
+    m.up_ops = operands(up, gemms.main.up);
+    m.down_ops = operands(down, gemms.main.down);
     v.up_ops = m.up_ops.get();
     v.down_ops = m.down_ops.get();
-    if (has_short) {
-      m.short_up_ops = operands(up, short_gemms.up);
-      m.short_down_ops = operands(down, short_gemms.down);
-      m.short_view = std::make_unique<MoEView>(v);  // the local view with the 64-row operands
-      m.short_view->short_rows = 0;
-      m.short_view->up_ops = m.short_up_ops.get();
-      m.short_view->down_ops = m.short_down_ops.get();
+    if (gemms.has_short) {
+      m.short_up_ops = operands(up, gemms.short_tiles.up);
+      m.short_down_ops = operands(down, gemms.short_tiles.down);
+      m.short_view =
+          std::make_unique<MoEView>(ep_short_view(v, m.short_up_ops.get(), m.short_down_ops.get()));
       v.short_view = m.short_view.get();
     }
     m.view = std::make_unique<EpView>(ep);

@@ -35,7 +35,7 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   options.device = device_;
   check_shapes(config, weights);
   std::uint32_t const world = heap.world;
-  ExpertGemmConfigs const gemms = choose_ep_gemms(config, world, path);
+  EpGemms const gemms = choose_ep_gemms(config, world, path);
   shape_ = make_ep_shape(config, EpPlacement{heap.rank, world}, gemms);
   SymmetricLayout layout;
   EpHeapRegions const regions = ep_heap_layout(shape_.local, world, shape_.local_experts, layout);
@@ -85,21 +85,19 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   ep.combine_list = combine_list_.get();
   // One pair of GEMM operands per M-tile height, over the same buffers.
   ExpertSide const side{el, shape_.pool_rows};
-  auto const bind_gemms = [&](MoEView& view, ExpertGemmConfigs const& g, Gemms& out) {
+  auto const make_gemms = [&](ExpertGemmConfigs const& g, Gemms& out) {
     out.up = std::make_unique<tasks::gemm::DeviceGemm>(
         up_gemm_desc(config, buf_->pool.get(), buf_->w1.get(), buf_->h.get(), side), g.up);
     out.down = std::make_unique<tasks::gemm::DeviceGemm>(
         down_gemm_desc(config, buf_->h.get(), buf_->w2.get(), v.y, side), g.down);
-    view.up_ops = out.up->device();
-    view.down_ops = out.down->device();
   };
-  bind_gemms(v, gemms, gemms_);
-  ExpertGemmConfigs short_gemms;
-  if (short_ep_gemms(config, world, path, short_gemms)) {
-    MoEView s = v;  // the short view: the local view with the 64-row operands
-    s.short_rows = 0;
-    bind_gemms(s, short_gemms, short_gemms_);
-    short_view_ = DeviceBuffer<MoEView>(std::vector<MoEView>{s});
+  make_gemms(gemms.main, gemms_);
+  v.up_ops = gemms_.up->device();
+  v.down_ops = gemms_.down->device();
+  if (gemms.has_short) {
+    make_gemms(gemms.short_tiles, short_gemms_);
+    short_view_ = DeviceBuffer<MoEView>(std::vector<MoEView>{
+        ep_short_view(v, short_gemms_.up->device(), short_gemms_.down->device())});
     v.short_view = short_view_.get();
   }
   view_ = DeviceBuffer<EpView>(std::vector<EpView>{ep});

@@ -75,7 +75,7 @@ class GpuEpMoERank {
     std::unique_ptr<tasks::gemm::DeviceGemm> up, down;
   };
   // The local view's operands; the 64-row ones of an expert's last M-tile and the short view
-  // that holds them (none where the tiles are short already: short_ep_gemms).
+  // that holds them (none where the tiles are short already: EpGemms::has_short).
   Gemms gemms_, short_gemms_;
   DeviceBuffer<MoEView> short_view_;
   DeviceBuffer<EpView> view_;

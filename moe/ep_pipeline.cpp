@@ -36,31 +36,27 @@ MoEConfig whole_problem(MoEConfig const& c, std::uint32_t world) {
 
 }  // namespace
 
-ExpertGemmConfigs choose_ep_gemms(MoEConfig const& c, std::uint32_t world,
-                                  tasks::gemm::MmaPath path) {
-  return choose_expert_gemms(whole_problem(c, world), path);
+EpGemms choose_ep_gemms(MoEConfig const& c, std::uint32_t world, tasks::gemm::MmaPath path) {
+  MoEConfig const whole = whole_problem(c, world);
+  EpGemms g;
+  g.main = choose_expert_gemms(whole, path);
+  g.has_short = short_expert_gemms(whole, path, g.short_tiles);
+  return g;
 }
 
-bool short_ep_gemms(MoEConfig const& c, std::uint32_t world, tasks::gemm::MmaPath path,
-                    ExpertGemmConfigs& out) {
-  return short_expert_gemms(whole_problem(c, world), path, out);
-}
-
-EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, ExpertGemmConfigs const& gemms) {
+EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, EpGemms const& gemms) {
   validate_placement(c, placement.world);
   if (placement.rank >= placement.world)
     throw Error("loom: rank " + std::to_string(placement.rank) + " outside a world of " +
                 std::to_string(placement.world));
   EpView ep{};
-  ep.local = make_view_shape(c, gemms, /*spread_routes=*/false);
+  ep.local = make_view_shape(c, gemms.main, /*spread_routes=*/false);
   ep.rank = placement.rank;
   ep.world = placement.world;
   ep.local_experts = c.experts / placement.world;
   ep.pool_rows = ep_pool_rows(c, placement.world);
   ep.local.max_mtiles = ep.pool_rows / ep.local.tile_rows + ep.local_experts;
-  ExpertGemmConfigs short_gemms;
-  if (short_ep_gemms(c, placement.world, gemms.up.path, short_gemms))
-    ep.local.short_rows = short_gemms.up.block_m;
+  if (gemms.has_short) ep.local.short_rows = gemms.short_tiles.up.block_m;
   ep.local.mtile_group = kMTileGroup;
   ep.local.up_type = EpPipeline::id<ExpertUp>;
   ep.local.down_type = EpPipeline::id<ExpertDownRemote>;

@@ -35,22 +35,35 @@ void validate_placement(MoEConfig const& config, std::uint32_t world);
 // it picks (at most min(k, E_local) of them).
 std::uint32_t ep_pool_rows(MoEConfig const& config, std::uint32_t world);
 
-// The GEMM tile configurations: chosen for the whole problem (all ranks' tokens over all
-// experts), so every world size computes each row the same way.
-ExpertGemmConfigs choose_ep_gemms(MoEConfig const& config, std::uint32_t world,
-                                  tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
-// As on one GPU (make_layer_shapes): where those are 128 rows tall, the 64-row configuration that
-// an expert's last M-tile of at most 64 rows runs on (short_expert_gemms over the whole
-// problem; the main view's short_rows and short_view); false where the tiles are short already.
-bool short_ep_gemms(MoEConfig const& config, std::uint32_t world, tasks::gemm::MmaPath path,
-                    ExpertGemmConfigs& out);
+// A rank's GEMM tile configurations. `main` is chosen for the whole problem (all ranks' tokens
+// over all experts), so every world size computes each row the same way. As on one GPU
+// (make_layer_shapes), where those are 128 rows tall, `short_tiles` is the 64-row configuration
+// that an expert's last M-tile of at most 64 rows runs on (short_expert_gemms over the whole
+// problem; the view's short_rows and short_view); has_short is false where the tiles are short
+// already.
+struct EpGemms {
+  ExpertGemmConfigs main{}, short_tiles{};
+  bool has_short = false;
+};
+EpGemms choose_ep_gemms(MoEConfig const& config, std::uint32_t world,
+                        tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
 
 // The shape-derived part of a rank's view (no pointers), with the EP pipeline's type ids. Its
-// short_rows is set where short_ep_gemms has a configuration (the layer points short_view at a
-// view over its operands); short_tokens stays 0: the plan counts every call's M-tiles on the
-// main view.
-EpView make_ep_shape(MoEConfig const& config, EpPlacement placement,
-                     ExpertGemmConfigs const& gemms);
+// short_rows is set where the configurations have short tiles (the layer points short_view at
+// ep_short_view over its operands); short_tokens stays 0: the plan counts every call's M-tiles
+// on the main view.
+EpView make_ep_shape(MoEConfig const& config, EpPlacement placement, EpGemms const& gemms);
+
+// A rank's short view: its local view `v` over the 64-row operands, without a short view of its
+// own.
+inline MoEView ep_short_view(MoEView v, tasks::gemm::GemmOperands const* up,
+                             tasks::gemm::GemmOperands const* down) {
+  v.short_rows = 0;
+  v.short_view = nullptr;
+  v.up_ops = up;
+  v.down_ops = down;
+  return v;
+}
 
 // Dynamic tasks one call may emit on a rank: a gather per possible chunk, every possible up and
 // down tile, a combine per token block.

@@ -310,14 +310,14 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
   std::uint32_t const world = GetParam();
   std::int32_t const experts = static_cast<std::int32_t>(2 * world);
   MoEConfig const c = ep_config(2 * world, 2, 260);  // two experts per rank: top-k = E_local
-  MoEView const shape = make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).local;
+  EpGemms const gemms = choose_ep_gemms(c, world);
+  MoEView const shape = make_ep_shape(c, EpPlacement{0, world}, gemms).local;
   ASSERT_EQ(shape.tile_rows, 128u);
   // An expert's last M-tile of at most 64 rows runs on the 64-row operands: the hot expert's
   // tenth on four ranks (1034 rows), most experts' last in the random patterns.
-  ExpertGemmConfigs short_gemms;
-  ASSERT_TRUE(short_ep_gemms(c, world, loom::tasks::gemm::MmaPath::wgmma, short_gemms));
+  ASSERT_TRUE(gemms.has_short);
   EXPECT_EQ(shape.short_rows, 64u);
-  EXPECT_EQ(short_gemms.up.block_m, 64u);
+  EXPECT_EQ(gemms.short_tiles.up.block_m, 64u);
   EXPECT_EQ(shape.short_tokens, 0u);
   std::int32_t const hot = experts - 3;  // local expert 1 of rank world - 2
   std::uint32_t const idle = world > 2 ? 2 : 1;
