@@ -71,17 +71,42 @@ std::vector<EpRankCall> calls(std::vector<RankData> const& ranks, bool routed) {
   return c;
 }
 
+// The fused router's layer over `world` GPUs with random weights from a fresh seed.
+struct RouterGroup {
+  MoEConfig config =
+      moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, 256);
+  std::uint64_t seed = std::random_device{}();
+  MoEWeights weights = random_weights(config, seed);
+  GpuEpMoEGroup group;
+
+  explicit RouterGroup(std::uint32_t world) : group(config, weights, first_devices(world)) {}
+
+  // Each rank with tokens: its router's choice against the float64 scores, and its output
+  // against the float64 reference of that routing.
+  void expect_matches_reference(std::vector<RankData> const& ranks, int call) {
+    for (std::uint32_t r = 0; r < ranks.size(); ++r) {
+      if (ranks[r].tokens == 0) continue;
+      auto const ids = group.rank(r).topk_ids();
+      auto const wts = group.rank(r).topk_weights();
+      auto const scores = reference_scores(config, weights, ranks[r].x.data(), ranks[r].tokens);
+      EXPECT_EQ(check_routing(config, scores, ranks[r].tokens, ids.data(), wts.data(), 1e-3), "")
+          << "call " << call << " rank " << r;
+      auto const ref = reference_moe(config, weights, ranks[r].x.data(), ranks[r].tokens,
+                                     ids.data(), wts.data());
+      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "call " << call << " rank " << r;
+    }
+  }
+};
+
 class EpGpu : public ::testing::TestWithParam<std::uint32_t> {};
 
 TEST_P(EpGpu, FusedRouterMatchesFloat64ReferenceOverRepeatedCalls) {
   std::uint32_t const world = GetParam();
   LOOM_REQUIRE_GPUS(static_cast<int>(world));
-  MoEConfig const c =
-      moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, 256);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  MoEWeights const w = random_weights(c, seed);
-  GpuEpMoEGroup group(c, w, first_devices(world));
+  RouterGroup layer(world);
+  SCOPED_TRACE("seed " + std::to_string(layer.seed));
+  MoEConfig const& c = layer.config;
+  std::uint64_t const seed = layer.seed;
   std::mt19937 rng(static_cast<unsigned>(seed));
   for (int call = 0; call < 4; ++call) {
     std::vector<RankData> ranks(world);
@@ -91,18 +116,9 @@ TEST_P(EpGpu, FusedRouterMatchesFloat64ReferenceOverRepeatedCalls) {
       ranks[r].x = random_tokens(c, ranks[r].tokens, seed + 31 * r + call);
       ranks[r].upload(c.hidden);
     }
-    group.forward(calls(ranks, false));
-    group.check();
-    for (std::uint32_t r = 0; r < world; ++r) {
-      if (ranks[r].tokens == 0) continue;
-      auto const ids = group.rank(r).topk_ids();
-      auto const wts = group.rank(r).topk_weights();
-      auto const scores = reference_scores(c, w, ranks[r].x.data(), ranks[r].tokens);
-      EXPECT_EQ(check_routing(c, scores, ranks[r].tokens, ids.data(), wts.data(), 1e-3), "");
-      auto const ref =
-          reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens, ids.data(), wts.data());
-      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "call " << call << " rank " << r;
-    }
+    layer.group.forward(calls(ranks, false));
+    layer.group.check();
+    layer.expect_matches_reference(ranks, call);
   }
 }
 
@@ -112,12 +128,10 @@ TEST_P(EpGpu, FusedRouterMatchesFloat64ReferenceOverRepeatedCalls) {
 TEST_P(EpGpu, RepeatedCallsReplayCapturedGraphs) {
   std::uint32_t const world = GetParam();
   LOOM_REQUIRE_GPUS(static_cast<int>(world));
-  MoEConfig const c =
-      moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, 256);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  MoEWeights const w = random_weights(c, seed);
-  GpuEpMoEGroup group(c, w, first_devices(world));
+  RouterGroup layer(world);
+  SCOPED_TRACE("seed " + std::to_string(layer.seed));
+  MoEConfig const& c = layer.config;
+  std::uint64_t const seed = layer.seed;
   std::vector<RankData> ranks(world);
   for (std::uint32_t r = 0; r < world; ++r) {
     ranks[r].device = static_cast<int>(r);
@@ -140,16 +154,10 @@ TEST_P(EpGpu, RepeatedCallsReplayCapturedGraphs) {
       d.dx.upload(d.x);
       d.dout.fill_bytes(0xFF);
     }
-    group.forward(calls(ranks, false));
-    group.check();
-    EXPECT_EQ(group.replayed_calls(), replayed[call]) << "call " << call;
-    for (std::uint32_t r = 0; r < world; ++r) {
-      auto const ids = group.rank(r).topk_ids();
-      auto const wts = group.rank(r).topk_weights();
-      auto const ref =
-          reference_moe(c, w, ranks[r].x.data(), ranks[r].tokens, ids.data(), wts.data());
-      EXPECT_LT(relative_error(ranks[r].out(), ref), 1e-2) << "call " << call << " rank " << r;
-    }
+    layer.group.forward(calls(ranks, false));
+    layer.group.check();
+    EXPECT_EQ(layer.group.replayed_calls(), replayed[call]) << "call " << call;
+    layer.expect_matches_reference(ranks, call);
   }
 }
 
