@@ -133,12 +133,12 @@ void GpuEpMoERank::start(cudaStream_t stream) {
   executor_->launch(stream);
 }
 
-void GpuEpMoERank::replay(cudaGraphExec_t graph, EpRankCall const& call, cudaStream_t stream) {
+void GpuEpMoERank::replay(CallGraph const& graph, EpRankCall const& call, cudaStream_t stream) {
   ScopedDevice on(device_);
   if (executor_->stuck())
     throw Error("loom: rank " + std::to_string(shape_.rank) +
                 ": an earlier launch never ended (see its error); it cannot launch again");
-  LOOM_CUDA(cudaGraphLaunch(graph, stream));
+  graph.launch(stream);
   last_tokens_ = call.tokens;
 }
 
@@ -199,6 +199,7 @@ GpuEpMoEGroup::GpuEpMoEGroup(MoEConfig const& config, MoEWeights const& weights,
     LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     streams_.push_back(s);
   }
+  graphs_.resize(world);
 }
 
 GpuEpMoEGroup::~GpuEpMoEGroup() {
@@ -236,45 +237,27 @@ void GpuEpMoEGroup::forward(std::vector<EpRankCall> const& calls) {
     for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->executor().copy_error_back(streams_[r]);
     return;
   }
-  if (graphs_.empty()) capture(calls);
+  // Every rank's graph is captured before any is launched, keeping the launches close.
+  for (std::uint32_t r = 0; r < world(); ++r) {
+    if (graphs_[r].captured()) continue;
+    ScopedDevice on(ranks_[r]->device());
+    try {
+      graphs_[r].capture(streams_[r], [&](cudaStream_t s) {
+        ranks_[r]->prepare(calls[r], s);
+        ranks_[r]->start(s);
+        ranks_[r]->executor().copy_error_back(s);
+      });
+    } catch (...) {
+      drop_graphs();
+      throw;
+    }
+  }
   for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->replay(graphs_[r], calls[r], streams_[r]);
   ++replayed_;
 }
 
-void GpuEpMoEGroup::capture(std::vector<EpRankCall> const& calls) {
-  for (std::uint32_t r = 0; r < world(); ++r) {
-    ScopedDevice on(ranks_[r]->device());
-    cudaStream_t const s = streams_[r];
-    LOOM_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t graph = nullptr;
-    try {
-      ranks_[r]->prepare(calls[r], s);
-      ranks_[r]->start(s);
-      ranks_[r]->executor().copy_error_back(s);
-    } catch (...) {
-      cudaStreamEndCapture(s, &graph);  // the stream leaves capture mode either way
-      if (graph) cudaGraphDestroy(graph);
-      drop_graphs();
-      throw;
-    }
-    LOOM_CUDA(cudaStreamEndCapture(s, &graph));
-    cudaGraphExec_t exec = nullptr;
-    cudaError_t const made = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (made != cudaSuccess) {
-      drop_graphs();
-      LOOM_CUDA(made);
-    }
-    graphs_.push_back(exec);
-  }
-}
-
 void GpuEpMoEGroup::drop_graphs() {
-  for (std::uint32_t r = 0; r < graphs_.size(); ++r) {
-    ScopedDevice on(ranks_[r]->device(), std::nothrow);
-    cudaGraphExecDestroy(graphs_[r]);
-  }
-  graphs_.clear();
+  for (CallGraph& g : graphs_) g.drop();
 }
 
 void GpuEpMoEGroup::check() {

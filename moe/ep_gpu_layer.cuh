@@ -11,6 +11,7 @@
 #include "moe/ep_pipeline.hpp"
 #include "moe/layer_buffers.cuh"
 #include "moe/weights.hpp"
+#include "runtime/cuda/call_graph.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "runtime/cuda/nccl_heap.hpp"
@@ -46,7 +47,7 @@ class GpuEpMoERank {
   void check_call(EpRankCall const& call) const;
   // Enqueues `graph`, a capture of prepare(call), start() and the error record's copy on this
   // rank's stream (GpuEpMoEGroup::forward), in place of them.
-  void replay(cudaGraphExec_t graph, EpRankCall const& call, cudaStream_t stream);
+  void replay(CallGraph const& graph, EpRankCall const& call, cudaStream_t stream);
   // Waits for `stream`; returns the launch's error ("" if none), leaving the state as it is.
   std::string failure(cudaStream_t stream);
   // After a failed call on any rank: the next launch is number `epoch` with every counter
@@ -108,15 +109,14 @@ class GpuEpMoEGroup {
   std::uint64_t replayed_calls() const { return replayed_; }
 
  private:
-  void capture(std::vector<EpRankCall> const& calls);
   void drop_graphs();
 
   std::vector<NcclCommunicator> comms_;
   std::unique_ptr<NcclSymmetricHeapSet> heaps_;
   std::vector<std::unique_ptr<GpuEpMoERank>> ranks_;
   std::vector<cudaStream_t> streams_;
-  std::vector<EpRankCall> last_;         // the last call's arguments (none after a failure)
-  std::vector<cudaGraphExec_t> graphs_;  // per rank, of last_ (empty: not captured)
+  std::vector<EpRankCall> last_;   // the last call's arguments (none after a failure)
+  std::vector<CallGraph> graphs_;  // per rank, of last_ (none captured: not yet repeated)
   std::uint64_t replayed_ = 0;
 };
 

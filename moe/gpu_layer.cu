@@ -56,26 +56,41 @@ std::uint32_t GpuMoELayer::mtiles() const {
   return n;
 }
 
-void GpuMoELayer::launch(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
-                         float const* weights, bf16* out, cudaStream_t stream) {
-  if (tokens > config_.max_tokens)
-    throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
-                std::to_string(config_.max_tokens) + " of this layer");
-  buf_.enqueue_call(view_.get(), short_view_.get(), x, out, tokens, config_.top_k, ids, weights,
-                    stream);
-  last_tokens_ = tokens;
+void GpuMoELayer::enqueue(Call const& call, cudaStream_t stream) {
+  buf_.enqueue_call(view_.get(), short_view_.get(), call.x, call.out, call.tokens, config_.top_k,
+                    call.ids, call.weights, stream);
   executor_->launch(stream);
 }
 
+void GpuMoELayer::launch(Call const& call, cudaStream_t stream) {
+  if (call.tokens > config_.max_tokens)
+    throw Error("loom: " + std::to_string(call.tokens) + " tokens exceed max_tokens=" +
+                std::to_string(config_.max_tokens) + " of this layer");
+  bool const repeat = last_ == call && !CallGraph::capturing(stream);
+  last_ = call;
+  if (!repeat) {
+    graph_.drop();
+    enqueue(call, stream);
+  } else {
+    if (executor_->stuck())
+      throw Error("loom: an earlier launch of this layer never ended (see its error)");
+    // Captured on a stream of the graph's own: the caller's may be the legacy stream.
+    if (!graph_.captured()) graph_.capture([&](cudaStream_t s) { enqueue(call, s); });
+    graph_.launch(stream);
+    ++replayed_;
+  }
+  last_tokens_ = call.tokens;
+}
+
 void GpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, bf16* out, cudaStream_t stream) {
-  launch(x, tokens, nullptr, nullptr, out, stream);
+  launch(Call{x, tokens, nullptr, nullptr, out}, stream);
 }
 
 void GpuMoELayer::forward(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids,
                           float const* weights, bf16* out, cudaStream_t stream) {
   if (ids == nullptr || weights == nullptr)
     throw Error("loom: given routing needs both ids and weights");
-  launch(x, tokens, ids, weights, out, stream);
+  launch(Call{x, tokens, ids, weights, out}, stream);
 }
 
 void GpuMoELayer::lower_counters() {
@@ -87,6 +102,8 @@ void GpuMoELayer::check(cudaStream_t stream) {
   try {
     executor_->check(stream);
   } catch (Error const&) {
+    last_.reset();
+    graph_.drop();
     // A failed call may leave its counters raised; a stuck one still runs, and lowering them
     // would wait behind it.
     if (!executor_->stuck()) lower_counters();

@@ -1,15 +1,19 @@
 // The MoE layer on one GPU: one persistent-kernel launch per call. Inputs, outputs and weights in
 // device memory. forward() is asynchronous and capturable in a CUDA graph: the per-call words
-// (token count, pointers, whether routing was given) are set by a one-thread kernel on the same
-// stream, so nothing is read on the host inside a call.
+// (token count, pointers, whether routing was given) are set by a small kernel on the same
+// stream, so nothing is read on the host inside a call. A call with the same arguments as the one
+// before (pointers and token count; the stream may differ) replays a CUDA graph of that kernel
+// and the launch, captured at the first repeat (unless the stream is being captured already).
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "moe/layer_buffers.cuh"
 #include "moe/pipeline.hpp"
 #include "moe/weights.hpp"
+#include "runtime/cuda/call_graph.hpp"
 #include "runtime/cuda/device_buffer.hpp"
 #include "runtime/cuda/gpu_executor.cuh"
 #include "tasks/gemm/device_gemm.hpp"
@@ -45,11 +49,25 @@ class GpuMoELayer {
   std::uint32_t mtiles() const;
 
   GpuExecutor<MoEPipeline>& executor() { return *executor_; }
+  // Calls that replayed the captured graph.
+  std::uint64_t replayed_calls() const { return replayed_; }
 
  private:
-  // One call: its words (and the given routing, unless ids is null), then the launch.
-  void launch(bf16 const* x, std::uint32_t tokens, std::int32_t const* ids, float const* weights,
-              bf16* out, cudaStream_t stream);
+  // A call's arguments; ids and weights are null with the fused router.
+  struct Call {
+    bf16 const* x;
+    std::uint32_t tokens;
+    std::int32_t const* ids;
+    float const* weights;
+    bf16* out;
+    bool operator==(Call const& o) const {
+      return x == o.x && tokens == o.tokens && ids == o.ids && weights == o.weights && out == o.out;
+    }
+  };
+  // One call: its words (and the given routing, unless ids is null), then the launch; or the
+  // graph of them when the call repeats the one before.
+  void launch(Call const& call, cudaStream_t stream);
+  void enqueue(Call const& call, cudaStream_t stream);
   void lower_counters();
 
   struct Gemms {
@@ -65,6 +83,9 @@ class GpuMoELayer {
   DeviceBuffer<MoEView> short_view_, view_;
   std::unique_ptr<GpuExecutor<MoEPipeline>> executor_;
   std::uint32_t last_tokens_ = 0;
+  std::optional<Call> last_;  // the last call's arguments (none after a failure)
+  CallGraph graph_;           // of last_, once it repeated
+  std::uint64_t replayed_ = 0;
 };
 
 }  // namespace loom::moe

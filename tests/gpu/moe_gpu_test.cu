@@ -393,4 +393,59 @@ TEST(GpuMoE, CallsReplayFromACudaGraph) {
   cudaStreamDestroy(stream);
 }
 
+// A call that repeats the one before (pointers and token count) replays the layer's own graph of
+// its enqueueing, captured at the first repeat, on whatever stream it is given; new contents in
+// the same buffers give new results; another token count enqueues directly; a stream the caller
+// is capturing takes the call directly.
+TEST(GpuMoE, RepeatedCallsReplayTheLayersGraph) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 256, 16, 2, 256);
+  std::uint64_t const seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  MoEWeights const w = random_weights(c, seed);
+  GpuMoELayer layer(c, w);
+  loom::DeviceBuffer<bf16> dx(std::size_t{c.max_tokens} * c.hidden),
+      dout(std::size_t{c.max_tokens} * c.hidden);
+  cudaStream_t stream;
+  LOOM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Per call: its tokens, its stream, whether the caller captures it, the replays after it.
+  struct Step {
+    std::uint32_t tokens;
+    bool own_stream, captured;
+    std::uint64_t replayed;
+  };
+  Step const steps[] = {{200, false, false, 0}, {200, false, false, 1}, {200, true, false, 2},
+                        {150, true, false, 2},  {150, false, false, 3}, {150, true, true, 3}};
+  for (int i = 0; i < 6; ++i) {
+    Step const& step = steps[i];
+    auto const x = random_tokens(c, step.tokens, seed + i);
+    dx.upload(x);
+    dout.fill_bytes(0xFF);
+    cudaStream_t const s = step.own_stream ? stream : nullptr;
+    if (!step.captured) {
+      layer.forward(dx.get(), step.tokens, dout.get(), s);
+    } else {
+      cudaGraph_t graph;
+      LOOM_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      layer.forward(dx.get(), step.tokens, dout.get(), s);
+      LOOM_CUDA(cudaStreamEndCapture(s, &graph));
+      cudaGraphExec_t exec;
+      LOOM_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      LOOM_CUDA(cudaGraphLaunch(exec, s));
+      LOOM_CUDA(cudaStreamSynchronize(s));
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    layer.check(s);
+    EXPECT_EQ(layer.replayed_calls(), step.replayed) << "call " << i;
+    auto const out = dout.download();
+    auto const ref = reference_moe(c, w, x.data(), step.tokens, layer.topk_ids().data(),
+                                   layer.topk_weights().data());
+    EXPECT_LT(relative_error({out.begin(), out.begin() + std::size_t{step.tokens} * c.hidden}, ref),
+              1e-2)
+        << "call " << i;
+  }
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
