@@ -13,6 +13,12 @@ std::vector<bf16> expert_slice(std::vector<bf16> const& all, std::size_t per_exp
   return {all.begin() + first * per_expert, all.begin() + (first + count) * per_expert};
 }
 
+// Whether two calls have the same arguments (a repeat replays a captured graph).
+bool same_call(EpRankCall const& a, EpRankCall const& b) {
+  return a.x == b.x && a.tokens == b.tokens && a.out == b.out && a.ids == b.ids &&
+         a.weights == b.weights;
+}
+
 int current_device(GpuOptions const& options) {
   int device = options.device;
   if (device < 0) LOOM_CUDA(cudaGetDevice(&device));
@@ -108,8 +114,23 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
 }
 
 void GpuEpMoERank::launch(EpRankCall const& call, cudaStream_t stream) {
-  prepare(call, stream);
-  start(stream);
+  ScopedDevice on(device_);
+  check_call(call);
+  check_not_stuck();
+  bool const repeat = last_launch_ && same_call(*last_launch_, call);
+  last_launch_ = call;
+  if (graph_.run(repeat, stream, [&](cudaStream_t s) {
+        prepare(call, s);
+        start(s);
+      }))
+    ++replayed_;
+  last_tokens_ = call.tokens;
+}
+
+void GpuEpMoERank::check_not_stuck() const {
+  if (executor_->stuck())
+    throw Error("loom: rank " + std::to_string(shape_.rank) +
+                ": an earlier launch never ended (see its error); it cannot launch again");
 }
 
 void GpuEpMoERank::check_call(EpRankCall const& call) const {
@@ -135,20 +156,25 @@ void GpuEpMoERank::start(cudaStream_t stream) {
 
 void GpuEpMoERank::replay(CallGraph const& graph, EpRankCall const& call, cudaStream_t stream) {
   ScopedDevice on(device_);
-  if (executor_->stuck())
-    throw Error("loom: rank " + std::to_string(shape_.rank) +
-                ": an earlier launch never ended (see its error); it cannot launch again");
+  check_not_stuck();
   graph.launch(stream);
   last_tokens_ = call.tokens;
 }
 
 std::string GpuEpMoERank::failure(cudaStream_t stream) {
   ScopedDevice on(device_);
-  return executor_->failure(stream);
+  std::string message = executor_->failure(stream);
+  if (!message.empty()) {
+    last_launch_.reset();
+    graph_.drop();
+  }
+  return message;
 }
 
 void GpuEpMoERank::restart_at(std::uint64_t epoch) {
   ScopedDevice on(device_);
+  last_launch_.reset();
+  graph_.drop();
   executor_->restart_at(epoch);
   buf_->lower_counters();
   bin_rows_.fill_bytes(0);
@@ -211,15 +237,6 @@ GpuEpMoEGroup::~GpuEpMoEGroup() {
   ranks_.clear();
   heaps_.reset();  // before the communicators
 }
-
-namespace {
-
-bool same_call(EpRankCall const& a, EpRankCall const& b) {
-  return a.x == b.x && a.tokens == b.tokens && a.out == b.out && a.ids == b.ids &&
-         a.weights == b.weights;
-}
-
-}  // namespace
 
 void GpuEpMoEGroup::forward(std::vector<EpRankCall> const& calls) {
   if (calls.size() != world())

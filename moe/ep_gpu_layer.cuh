@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "moe/ep_cpu_layer.hpp"  // EpRankCall
@@ -35,7 +36,9 @@ class GpuEpMoERank {
   int device() const { return device_; }
 
   // Enqueues this rank's launch for one call (device pointers in `call`); no host sync. Every
-  // rank of the world must launch for the same call. The same as prepare() then start().
+  // rank of the world must launch for the same call. The same as prepare() then start(); a call
+  // with the same arguments as this rank's call before (pointers and token count) replays a CUDA
+  // graph of those two, captured at the first repeat (unless `stream` is being captured).
   void launch(EpRankCall const& call, cudaStream_t stream);
   // The two halves of launch, for a process driving several ranks: prepare() checks the call
   // and enqueues its routing copies and parameters; start() enqueues the persistent launch.
@@ -54,6 +57,8 @@ class GpuEpMoERank {
   // lowered (the caller zeroes the symmetric window, with no peer writing it).
   void restart_at(std::uint64_t epoch);
   std::uint64_t epoch() const { return executor_->epoch(); }
+  // Calls of launch() that replayed its graph.
+  std::uint64_t replayed_calls() const { return replayed_; }
 
   // Of the last call (synchronises): tokens of this rank per expert (all E), rows each local
   // expert computed (from all ranks), the routing used.
@@ -65,6 +70,8 @@ class GpuEpMoERank {
   GpuExecutor<EpPipeline, EpDecoder>& executor() { return *executor_; }
 
  private:
+  void check_not_stuck() const;
+
   MoEConfig config_;
   int device_;
   EpView shape_;
@@ -82,6 +89,9 @@ class GpuEpMoERank {
   DeviceBuffer<EpView> view_;
   std::unique_ptr<GpuExecutor<EpPipeline, EpDecoder>> executor_;
   std::uint32_t last_tokens_ = 0;
+  std::optional<EpRankCall> last_launch_;  // launch()'s last call (none after a failure)
+  CallGraph graph_;                        // of last_launch_, once it repeated
+  std::uint64_t replayed_ = 0;
 };
 
 // Every rank on the GPUs of this process: communicators from ncclCommInitAll, one symmetric

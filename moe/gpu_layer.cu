@@ -66,19 +66,13 @@ void GpuMoELayer::launch(Call const& call, cudaStream_t stream) {
   if (call.tokens > config_.max_tokens)
     throw Error("loom: " + std::to_string(call.tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
-  bool const repeat = last_ == call && !CallGraph::capturing(stream);
+  if (executor_->stuck())
+    throw Error(
+        "loom: an earlier launch of this layer never ended (see its error); it cannot "
+        "launch again");
+  bool const repeat = last_ == call;
   last_ = call;
-  if (!repeat) {
-    graph_.drop();
-    enqueue(call, stream);
-  } else {
-    if (executor_->stuck())
-      throw Error("loom: an earlier launch of this layer never ended (see its error)");
-    // Captured on a stream of the graph's own: the caller's may be the legacy stream.
-    if (!graph_.captured()) graph_.capture([&](cudaStream_t s) { enqueue(call, s); });
-    graph_.launch(stream);
-    ++replayed_;
-  }
+  if (graph_.run(repeat, stream, [&](cudaStream_t s) { enqueue(call, s); })) ++replayed_;
   last_tokens_ = call.tokens;
 }
 

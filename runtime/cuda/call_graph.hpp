@@ -20,6 +20,7 @@ class CallGraph {
   CallGraph& operator=(CallGraph const&) = delete;
   CallGraph(CallGraph&& other) noexcept
       : exec_(std::exchange(other.exec_, nullptr)),
+        stale_(other.stale_),
         device_(other.device_),
         own_(std::exchange(other.own_, nullptr)),
         own_device_(other.own_device_) {}
@@ -56,8 +57,8 @@ class CallGraph {
     LOOM_CUDA(cudaGetDevice(&device_));
   }
 
-  // The same on a stream of the graph's own (made on the first such capture): for a caller whose
-  // stream may be the legacy default stream, which no capture takes.
+  // The same on a stream of the graph's own (made on the first such capture): the caller's stream
+  // may be the legacy default stream, which no capture takes.
   template <class Enqueue>
   void capture(Enqueue&& enqueue) {
     if (!own_) {
@@ -67,10 +68,32 @@ class CallGraph {
     capture(own_, std::forward<Enqueue>(enqueue));
   }
 
+  // One call on `stream`: `enqueue(stream)` itself when it does not repeat the call before (the
+  // graph no longer serves) or when the caller is capturing `stream` (its capture takes the call
+  // in, and the graph is left alone: a capture in global mode fails on other graph calls); else
+  // the graph, captured on a stream of its own at the first repeat. True when it replayed.
+  template <class Enqueue>
+  bool run(bool repeat, cudaStream_t stream, Enqueue&& enqueue) {
+    if (!repeat) stale_ = true;
+    if (capturing(stream)) {
+      enqueue(stream);
+      return false;
+    }
+    if (stale_) drop();
+    if (!repeat) {
+      enqueue(stream);
+      return false;
+    }
+    if (!captured()) capture(enqueue);
+    launch(stream);
+    return true;
+  }
+
   // Enqueues the captured graph on `stream` (of the device it was captured on).
   void launch(cudaStream_t stream) const { LOOM_CUDA(cudaGraphLaunch(exec_, stream)); }
 
   void drop() noexcept {
+    stale_ = false;
     if (!exec_) return;
     ScopedDevice on(device_, std::nothrow);
     cudaGraphExecDestroy(exec_);
@@ -87,6 +110,7 @@ class CallGraph {
 
  private:
   cudaGraphExec_t exec_ = nullptr;
+  bool stale_ = false;  // a call since the capture differed from it (dropped at the next chance)
   int device_ = 0;
   cudaStream_t own_ = nullptr;  // see capture(enqueue)
   int own_device_ = 0;

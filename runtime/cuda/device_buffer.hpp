@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,9 +35,13 @@ class DeviceBuffer {
   std::size_t size() const { return count_; }
   std::size_t bytes() const { return count_ * sizeof(T); }
 
+  // Copies `host` into the first host.size() elements.
   void upload(std::vector<T> const& host) {
-    if (host.size() != count_) throw Error("loom: upload size does not match the device buffer");
-    if (count_) LOOM_CUDA(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    if (host.size() > count_)
+      throw Error("loom: " + std::to_string(host.size()) + " elements to upload into a device " +
+                  "buffer of " + std::to_string(count_));
+    if (!host.empty())
+      LOOM_CUDA(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> host(count_);

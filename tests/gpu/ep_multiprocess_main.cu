@@ -1,8 +1,9 @@
 // One rank of the expert-parallel MoE layer in its own process (start it with
 // scripts/launch.sh -n P -- this program): reads its place from the LOOM_* environment, joins the
 // communicator through the rendezvous, registers its symmetric window and runs a GpuEpMoERank
-// for three calls with the fused router, each with a different token count per rank (one call
-// with none on the last rank), checking its routing and output against the float64 reference.
+// for four calls with the fused router, a random token count per rank (none on the last rank in
+// the second call; the fourth repeats the third's arguments with new tokens, and replays its
+// graph), checking its routing and output against the float64 reference.
 // Every rank draws the same weights (a shared seed); tokens differ per rank. Exits 0 on success,
 // 1 with a message otherwise, and 0 with "skipped: needs 2 GPUs" where fewer exist (CI has none).
 #include <cstdio>
@@ -32,12 +33,14 @@ int run(loom::RankEnvironment const& env) {
   cudaStream_t stream = nullptr;
   LOOM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::mt19937 rng(static_cast<unsigned>(seed + env.rank));
+  loom::DeviceBuffer<bf16> dx(std::size_t{c.max_tokens} * c.hidden),
+      dout(std::size_t{c.max_tokens} * c.hidden);
   int status = 0;
-  for (int call = 0; call < 3 && status == 0; ++call) {
-    std::uint32_t const tokens =
-        call == 1 && env.rank == env.world - 1 ? 0 : 1 + rng() % c.max_tokens;
+  std::uint32_t tokens = 0;
+  for (int call = 0; call < 4 && status == 0; ++call) {
+    if (call < 3) tokens = call == 1 && env.rank == env.world - 1 ? 0 : 1 + rng() % c.max_tokens;
     auto const x = random_tokens(c, tokens, seed + 31 * env.rank + call);
-    loom::DeviceBuffer<bf16> dx(x), dout(std::max<std::size_t>(1, std::size_t{tokens} * c.hidden));
+    if (tokens > 0) dx.upload(x);
     dout.fill_bytes(0xFF);  // NaN
     EpRankCall one;
     one.x = dx.get(), one.tokens = tokens, one.out = dout.get();
@@ -52,15 +55,22 @@ int run(loom::RankEnvironment const& env) {
     auto const wts = rank.topk_weights();
     std::string const routing = check_routing(c, reference_scores(c, w, x.data(), tokens), tokens,
                                               ids.data(), wts.data(), 1e-3);
-    double const error = relative_error(
-        dout.download(), reference_moe(c, w, x.data(), tokens, ids.data(), wts.data()));
+    auto out = dout.download();
+    out.resize(std::size_t{tokens} * c.hidden);
+    double const error =
+        relative_error(out, reference_moe(c, w, x.data(), tokens, ids.data(), wts.data()));
     std::printf("rank %u call %d: %u tokens, routing %s, relative error %.3e\n", env.rank, call,
                 tokens, routing.empty() ? "ok" : routing.c_str(), error);
     if (!routing.empty() || !(error < 1e-2)) status = 1;
   }
   LOOM_CUDA(cudaStreamDestroy(stream));
+  if (status == 0 && rank.replayed_calls() != 1) {
+    std::fprintf(stderr, "FAILED: %llu calls replayed a graph, expected 1 (the fourth)\n",
+                 static_cast<unsigned long long>(rank.replayed_calls()));
+    status = 1;
+  }
   if (status == 0)
-    std::printf("rank %u of %u (device %d): three calls match the float64 reference\n", env.rank,
+    std::printf("rank %u of %u (device %d): four calls match the float64 reference\n", env.rank,
                 env.world, env.device);
   return status;
 }

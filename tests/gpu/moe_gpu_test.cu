@@ -425,9 +425,14 @@ TEST(GpuMoE, RepeatedCallsReplayTheLayersGraph) {
     if (!step.captured) {
       layer.forward(dx.get(), step.tokens, dout.get(), s);
     } else {
-      cudaGraph_t graph;
+      cudaGraph_t graph = nullptr;
       LOOM_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-      layer.forward(dx.get(), step.tokens, dout.get(), s);
+      try {
+        layer.forward(dx.get(), step.tokens, dout.get(), s);
+      } catch (...) {
+        cudaStreamEndCapture(s, &graph);  // no capture outlives the test
+        throw;
+      }
       LOOM_CUDA(cudaStreamEndCapture(s, &graph));
       cudaGraphExec_t exec;
       LOOM_CUDA(cudaGraphInstantiate(&exec, graph, 0));
