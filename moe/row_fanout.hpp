@@ -36,13 +36,17 @@ __device__ __forceinline__ void st_global_v4(uint4* p, uint4 v) {
 }
 
 // Copies source row s < rows (row_chunks 16-byte chunks at src_row(s)) to dst_row(s, j) for
-// every j < fan, a row pointer (a peer's window, for instance) or nullptr to skip. Every chunk is
-// read once (through L2: a peer may have written it in this launch) and each thread keeps kLoads
-// reads in flight. The loads are unconditional (the row is clamped to the last) so that they stay
-// in registers: with a predicated load per slot, ptxas moved the slots to local memory and every
-// read waited for the one before it. Thread t copies the block's chunks t, t + blockDim.x, ...,
-// its (row, chunk) position moved on by a ChunkStep: no chunk costs a division.
-template <std::uint32_t kLoads = 16, class SrcRow, class DstRow>
+// every j < fan <= kFan, a row pointer (a peer's window, for instance) or nullptr to skip. Every
+// chunk is read once (through L2: a peer may have written it in this launch) and each thread
+// keeps kLoads reads in flight. The loads are unconditional (the row is clamped to the last) so
+// that they stay in registers: with a predicated load per slot, ptxas moved the slots to local
+// memory and every read waited for the one before it. Thread t copies the block's chunks t,
+// t + blockDim.x, ..., its (row, chunk) position moved on by a ChunkStep: no chunk costs a
+// division. The destinations' loop runs to the compile-time kFan, each store predicated on
+// j < fan, so the copy is straight-line code: with a loop to the runtime fan, a processor's first
+// gather of a call spent 7-10 µs more on its first batch of stores, its code not yet in the SM's
+// instruction cache (docs/performance.md, "A gather's first batch of stores").
+template <std::uint32_t kLoads = 16, std::uint32_t kFan = 1, class SrcRow, class DstRow>
 __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint32_t row_chunks,
                                                   std::uint32_t fan, SrcRow const& src_row,
                                                   DstRow const& dst_row) {
@@ -62,8 +66,9 @@ __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint3
     for (std::uint32_t u = 0; u < kLoads; ++u) {
       bool const valid = s < rows;
       std::uint32_t const at = min(s, rows - 1);
-      for (std::uint32_t j = 0; j < fan; ++j) {
-        uint4* const row = dst_row(at, j);
+#pragma unroll
+      for (std::uint32_t j = 0; j < kFan; ++j) {
+        uint4* const row = j < fan ? dst_row(at, j) : nullptr;
         if (valid && row != nullptr) st_global_v4(row + c, r[u]);
       }
       step.advance(s, c);
@@ -72,17 +77,24 @@ __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint3
 }
 
 // The same from consecutive rows at src into one array: source row s goes to rows
-// dst_row[s * fan + j] of dst; an entry of ~0u is skipped.
+// dst_row[s * fan + j] of dst (fan <= 8); an entry of ~0u is skipped. The copy is instantiated
+// for the fans 1, 2, 4 and 8, and runs the least that covers `fan`.
 template <std::uint32_t kLoads = 16>
 __device__ __forceinline__ void fan_out_rows(uint4 const* __restrict__ src, uint4* __restrict__ dst,
                                              std::uint32_t rows, std::uint32_t row_chunks,
                                              std::uint32_t const* dst_row, std::uint32_t fan) {
-  fan_out_rows_from<kLoads>(
-      rows, row_chunks, fan, [&](std::uint32_t s) { return src + std::size_t{s} * row_chunks; },
-      [&](std::uint32_t s, std::uint32_t j) -> uint4* {
-        std::uint32_t const d = dst_row[s * fan + j];
-        return d != ~0u ? dst + std::size_t{d} * row_chunks : nullptr;
-      });
+  auto const src_row = [&](std::uint32_t s) { return src + std::size_t{s} * row_chunks; };
+  auto const to = [&](std::uint32_t s, std::uint32_t j) -> uint4* {
+    std::uint32_t const d = dst_row[s * fan + j];
+    return d != ~0u ? dst + std::size_t{d} * row_chunks : nullptr;
+  };
+  if (fan <= 1) return fan_out_rows_from<kLoads, 1>(rows, row_chunks, fan, src_row, to);
+  if (fan <= 2) return fan_out_rows_from<kLoads, 2>(rows, row_chunks, fan, src_row, to);
+  // Wider fans keep fewer reads in flight: each read feeds more stores, and with 16 reads of
+  // eight destinations ptxas kept some of the reads in local memory.
+  constexpr std::uint32_t kWideLoads = kLoads < 8 ? kLoads : 8;
+  if (fan <= 4) return fan_out_rows_from<kLoads, 4>(rows, row_chunks, fan, src_row, to);
+  fan_out_rows_from<kWideLoads, 8>(rows, row_chunks, fan, src_row, to);
 }
 #endif
 
