@@ -44,8 +44,8 @@ __device__ __forceinline__ void st_global_v4(uint4* p, uint4 v) {
 // t + blockDim.x, ..., its (row, chunk) position moved on by a ChunkStep: no chunk costs a
 // division. The destinations' loop runs to the compile-time kFan, each store predicated on
 // j < fan, so the copy is straight-line code: with a loop to the runtime fan, a processor's first
-// gather of a call spent 7-10 µs more on its first batch of stores, its code not yet in the SM's
-// instruction cache (docs/performance.md, "A gather's first batch of stores").
+// gather of a call spent 7-10 µs more on its first batch of stores, most likely fetching the
+// loop's code (docs/performance.md, "A gather's first batch of stores").
 template <std::uint32_t kLoads = 16, std::uint32_t kFan = 1, class SrcRow, class DstRow>
 __device__ __forceinline__ void fan_out_rows_from(std::uint32_t rows, std::uint32_t row_chunks,
                                                   std::uint32_t fan, SrcRow const& src_row,
@@ -90,10 +90,10 @@ __device__ __forceinline__ void fan_out_rows(uint4 const* __restrict__ src, uint
   };
   if (fan <= 1) return fan_out_rows_from<kLoads, 1>(rows, row_chunks, fan, src_row, to);
   if (fan <= 2) return fan_out_rows_from<kLoads, 2>(rows, row_chunks, fan, src_row, to);
-  // Wider fans keep fewer reads in flight: each read feeds more stores, and with 16 reads of
+  if (fan <= 4) return fan_out_rows_from<kLoads, 4>(rows, row_chunks, fan, src_row, to);
+  // The widest fan keeps fewer reads in flight: each read feeds more stores, and with 16 reads of
   // eight destinations ptxas kept some of the reads in local memory.
   constexpr std::uint32_t kWideLoads = kLoads < 8 ? kLoads : 8;
-  if (fan <= 4) return fan_out_rows_from<kLoads, 4>(rows, row_chunks, fan, src_row, to);
   fan_out_rows_from<kWideLoads, 8>(rows, row_chunks, fan, src_row, to);
 }
 #endif
