@@ -252,8 +252,10 @@ struct SendBlocks {
           ChunkRecord* const record = record_of(ep, ch.record);
           std::uint32_t const extent[2] = {ch.first, ch.rows};
           heap.put_serial(ch.dest, record, extent, sizeof extent);
-          heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
+          // Marked before the epoch's store: a receiver may take the record as soon as it lands,
+          // and its mark must not come first.
           ctx.trace_mark(kMarkRecordPublished, ch.dest, ch.record);
+          heap.signal_set(ch.dest, &record->epoch, ctx.epoch());
         }
       }
     }
