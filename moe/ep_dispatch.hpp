@@ -367,9 +367,10 @@ struct SendBlocks {
         fence_release<cuda::thread_scope_system>();
         for (std::uint32_t q = 0; q < n; ++q) {
           ChunkRecord* const record = record_of(ep, cl.record[q]);
+          // Marked before the epoch's store, as on the host path.
+          ctx.trace_mark(kMarkRecordPublished, cl.dest[q], cl.record[q]);
           store_relaxed<std::uint64_t, cuda::thread_scope_system>(
               *heap.peer(cl.dest[q], &record->epoch), ctx.epoch());
-          ctx.trace_mark(kMarkRecordPublished, cl.dest[q], cl.record[q]);
         }
         cl.claimed = next;
       }
