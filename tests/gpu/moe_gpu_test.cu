@@ -77,7 +77,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{config(Activation::gelu, RouterScore::sigmoid, 128, 192, 8, 1, 300), 257},
         Case{config(Activation::relu, RouterScore::softmax, 192, 128, 6, 6, 100), 77},
         Case{config(Activation::swiglu, RouterScore::sigmoid, 512, 256, 64, 8, 256), 200},
-        Case{config(Activation::swiglu, RouterScore::softmax, 128, 128, 4, 2, 64), 1}));
+        Case{config(Activation::swiglu, RouterScore::softmax, 128, 128, 4, 2, 64), 1},
+        // More experts than the plan has threads: each sums a run of three (the last runs short).
+        Case{config(Activation::swiglu, RouterScore::softmax, 128, 128, 160, 4, 300), 257}));
 
 // The router on the tensor cores (a GEMM tile of kRouteTileTokens rows per route task) gives a
 // token the same routing whatever its place in its tile and whichever call routes it: a call of
