@@ -499,11 +499,13 @@ struct RouteTokens {
 
   // score_logits and select_top_k for one token by one warp (the same order of picks; the
   // softmax sum is added in another order): each lane scores experts lane, lane + 32, ... of the
-  // row in shared memory, then k rounds of a warp arg-max. Every lane returns the picks in
-  // `picked`; lane 0 writes ids and weights. (One thread per token would take most of the route
-  // task: k passes over E scores, each checking its candidates against the picks so far.)
-  __device__ static void select_warp(MoEView const& v, float* row, std::int32_t* ids,
-                                     float* weights, std::int32_t (&picked)[kMaxTopK]) {
+  // row in shared memory, then k rounds of a warp arg-max. Lane j keeps pick j and writes it,
+  // counts it and returns it (-1 past the picks); the renormalising sum is lane 0's, in pick
+  // order. (Picks kept in per-lane arrays went to local memory, and lane 0 counted them one
+  // atomic after another. One thread per token, with the lanes of a warp on different tokens,
+  // took longer still.)
+  __device__ static std::int32_t select_warp(MoEView const& v, float* row, std::int32_t* ids,
+                                             float* weights, std::uint32_t* counts) {
     // The view's fields in registers: the stores below could otherwise alias them.
     std::uint32_t const lane = threadIdx.x % 32, experts = v.experts, top_k = v.top_k;
     bool const renormalize = v.renormalize;
@@ -522,11 +524,10 @@ struct RouteTokens {
     }
     // k rounds of a warp arg-max over keys in select_top_k's order (rank_key). Lane l owns
     // experts l, l + 32, ...; bit m of `taken` marks expert l + 32m as picked.
-    float picked_score[kMaxTopK];
     std::uint32_t taken = 0;
-#pragma unroll
-    for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
-      if (j >= top_k) break;
+    std::int32_t mine = -1;  // lane j: pick j
+    float mine_score = 0.0f;
+    for (std::uint32_t j = 0; j < top_k; ++j) {
       std::uint32_t best_key = 0, best = ~0u;
       for (std::uint32_t m = 0, e = lane; e < experts; ++m, e += 32) {
         std::uint32_t const key = (taken >> m) & 1u ? 0u : rank_key(row[e]);
@@ -534,26 +535,19 @@ struct RouteTokens {
       }
       std::uint32_t const top = __reduce_max_sync(0xFFFFFFFFu, best_key);
       std::uint32_t const id = __reduce_min_sync(0xFFFFFFFFu, best_key == top ? best : ~0u);
-      if (top == 0) {  // nothing left to pick
-        picked[j] = -1;
-        picked_score[j] = 0.0f;
-        continue;
-      }
+      if (top == 0) break;  // nothing left to pick
       if (id % 32 == lane) taken |= 1u << (id / 32);
-      picked[j] = static_cast<std::int32_t>(id);
-      picked_score[j] = row[id];
+      if (lane == j) mine = static_cast<std::int32_t>(id), mine_score = row[id];
     }
-    if (lane != 0) return;
     float sum = 0.0f;
-#pragma unroll
-    for (std::uint32_t j = 0; j < kMaxTopK; ++j)
-      if (renormalize && j < top_k) sum += picked_score[j];
-#pragma unroll
-    for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
-      if (j >= top_k) break;
-      ids[j] = picked[j];
-      weights[j] = renormalize ? picked_score[j] / sum : picked_score[j];
+    if (renormalize)
+      for (std::uint32_t j = 0; j < top_k; ++j) sum += __shfl_sync(0xFFFFFFFFu, mine_score, j);
+    if (lane < top_k) {
+      ids[lane] = mine;
+      weights[lane] = renormalize ? mine_score / sum : mine_score;
+      if (mine >= 0) atomicAdd(&counts[mine], 1u);
     }
+    return mine;
   }
 
   __device__ static void device(Payload const& p, TaskContext& ctx) {
@@ -667,21 +661,9 @@ struct RouteTokens {
         if (lane == 0 && routed != 0) atomicAdd(&pairs[t / token_block], routed);
         continue;
       }
-      std::int32_t picked[kMaxTopK];
-      select_warp(v, logits + t * v.experts, ids, weights, picked);
-      __syncwarp();
-      if (lane != 0) continue;
-      // The ids from registers: read back from memory, each waits for its store.
-      std::uint32_t routed = 0;
-#pragma unroll
-      for (std::uint32_t j = 0; j < kMaxTopK; ++j) {
-        if (j >= v.top_k) break;
-        std::int32_t const e = picked[j];
-        if (e < 0) continue;
-        atomicAdd(&counts[e], 1u);
-        ++routed;
-      }
-      atomicAdd(&pairs[t / token_block], routed);
+      std::int32_t const picked = select_warp(v, logits + t * v.experts, ids, weights, counts);
+      std::uint32_t const routed = __popc(__ballot_sync(0xFFFFFFFFu, picked >= 0));
+      if (lane == 0) atomicAdd(&pairs[t / token_block], routed);
     }
     __syncthreads();
     if (failed) return;
