@@ -72,18 +72,30 @@ std::size_t trace_records(MoEConfig const& c, std::uint32_t ranks) {
                                make_ep_shape(c, EpPlacement{0, ranks}, choose_ep_gemms(c, ranks))));
 }
 
+// With `given`, the timed calls take the caller's routing: the picks of a first call with the
+// layer's router, passed in as topk_idx / topk_weights.
 Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
-            std::uint32_t tokens, unsigned iters, bool trace) {
+            std::uint32_t tokens, unsigned iters, bool trace, bool given) {
   loom::CpuOptions options;
   options.trace_capacity = trace ? trace_records(c, 1) : 0;
   CpuMoELayer layer(c, w, options);
   Run r;
   r.device = "CPU executor (" + std::to_string(options.processors) + " processor threads)";
   r.out.resize(std::size_t{tokens} * c.hidden);
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+  if (given) {
+    layer.forward(x.data(), tokens, r.out.data());
+    ids = layer.topk_ids();
+    weights = layer.topk_weights();
+  }
   for (unsigned i = 0; i < iters; ++i) {
     layer.executor().take_trace(0);
     auto const t0 = std::chrono::steady_clock::now();
-    layer.forward(x.data(), tokens, r.out.data());
+    if (given)
+      layer.forward(x.data(), tokens, ids.data(), weights.data(), r.out.data());
+    else
+      layer.forward(x.data(), tokens, r.out.data());
     r.call_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     Progress(iters, r.call_ms[0]).step(i + 1);
@@ -137,7 +149,7 @@ __global__ void read_through_l2(uint4 const* p, std::size_t n, unsigned* sink) {
 }
 
 Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
-             std::uint32_t tokens, unsigned iters, bool trace, bool clean_l2) {
+             std::uint32_t tokens, unsigned iters, bool trace, bool clean_l2, bool given) {
   loom::GpuOptions options;
   options.trace_capacity = trace ? trace_records(c, 1) : 0;
   GpuMoELayer layer(c, w, options);
@@ -150,8 +162,10 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
              std::to_string(layer.executor().processors()) + " processors)";
   loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
   loom::EventTimer timer;
-  layer.forward(dx.get(), tokens, dout.get());  // warm-up
+  layer.forward(dx.get(), tokens, dout.get());  // warm-up (and the routing given after it)
   layer.check();
+  loom::DeviceBuffer<std::int32_t> ids(given ? layer.topk_ids() : std::vector<std::int32_t>(1));
+  loom::DeviceBuffer<float> weights(given ? layer.topk_weights() : std::vector<float>(1));
   std::size_t const clean_words = std::size_t{5} * prop.l2CacheSize / sizeof(uint4);
   loom::DeviceBuffer<uint4> clean(clean_l2 ? clean_words : 1);
   loom::DeviceBuffer<unsigned> sink(1);
@@ -164,7 +178,10 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
     }
     layer.executor().take_trace();
     timer.start();
-    layer.forward(dx.get(), tokens, dout.get());
+    if (given)
+      layer.forward(dx.get(), tokens, ids.get(), weights.get(), dout.get());
+    else
+      layer.forward(dx.get(), tokens, dout.get());
     timer.stop();
     layer.check();
     r.call_ms.push_back(timer.seconds() * 1e3);
@@ -251,7 +268,7 @@ int main(int argc, char** argv) {
   MoEConfig c;
   std::uint32_t tokens = 0, ranks = 1;
   std::string act = "swiglu", router = "softmax", backend = "auto", trace_path, json_path;
-  bool clean_l2 = false;
+  bool clean_l2 = false, given = false;
   std::uint64_t seed = 1;
   unsigned iters = 0, check_tokens = 256;
   bool check = false, no_renorm = false;
@@ -277,6 +294,9 @@ int main(int argc, char** argv) {
       ("act", po::value(&act)->default_value(act), "swiglu, gelu or relu")
       ("router", po::value(&router)->default_value(router), "softmax or sigmoid")
       ("no-renormalize", po::bool_switch(&no_renorm), "keep the top-k weights as scored")
+      ("given-routing", po::bool_switch(&given),
+       "time the path of the caller's routing: a first call's router picks are passed to the "
+       "timed calls as topk_idx / topk_weights (one rank)")
       ("seed", po::value(&seed)->default_value(seed), "seed of the random weights and tokens")
       ("iters", po::value(&iters), "timed calls (default 20 GPU, 3 CPU)")
       ("backend", po::value(&backend)->default_value(backend), "cpu, cuda or auto")
@@ -310,6 +330,10 @@ int main(int argc, char** argv) {
     backend = gpu ? "cuda" : "cpu";
     if (clean_l2 && !gpu) throw loom::Error("loom: --clean-l2 needs the cuda backend");
     if (clean_l2 && ranks > 1) throw loom::Error("loom: --clean-l2 runs with one rank");
+    if (given && ranks > 1)
+      throw loom::Error(
+          "loom: --given-routing runs with one rank (loom_ep_bench times the expert-parallel "
+          "layer with the routing given)");
     if (gpu && ranks > static_cast<std::uint32_t>(loom::cuda_device_count()))
       throw loom::Error("loom: --ranks " + std::to_string(ranks) + " needs as many GPUs, found " +
                         std::to_string(loom::cuda_device_count()));
@@ -332,9 +356,10 @@ int main(int argc, char** argv) {
   }
 
   try {
-    std::printf("loom-moe: T=%u H=%u D=%u E=%u top-%u %s %s%s, backend %s", tokens, c.hidden, c.ffn,
-                c.experts, c.top_k, to_string(c.activation), to_string(c.router),
-                c.renormalize ? " renormalised" : "", backend.c_str());
+    std::printf("loom-moe: T=%u H=%u D=%u E=%u top-%u %s %s%s%s, backend %s", tokens, c.hidden,
+                c.ffn, c.experts, c.top_k, to_string(c.activation), to_string(c.router),
+                c.renormalize ? " renormalised" : "", given ? ", routing given" : "",
+                backend.c_str());
     if (ranks > 1)
       std::printf(", %u ranks of %u experts, each with its own %u tokens", ranks, c.experts / ranks,
                   tokens);
@@ -346,10 +371,11 @@ int main(int argc, char** argv) {
     // The ceilings first, on a fresh device: measured after the layer's large buffers were freed,
     // the copy ran up to 11% slower, which flattered the floor ratio.
     Ceilings const ceil = backend == "cuda" ? measure_ceilings() : Ceilings{};
-    Run const r = ranks > 1 ? (backend == "cuda" ? run_cuda_ep(c, w, x, tokens, ranks, iters, trace)
-                                                 : run_cpu_ep(c, w, x, tokens, ranks, iters, trace))
-                            : (backend == "cuda" ? run_cuda(c, w, x, tokens, iters, trace, clean_l2)
-                                                 : run_cpu(c, w, x, tokens, iters, trace));
+    Run const r =
+        ranks > 1 ? (backend == "cuda" ? run_cuda_ep(c, w, x, tokens, ranks, iters, trace)
+                                       : run_cpu_ep(c, w, x, tokens, ranks, iters, trace))
+                  : (backend == "cuda" ? run_cuda(c, w, x, tokens, iters, trace, clean_l2, given)
+                                       : run_cpu(c, w, x, tokens, iters, trace, given));
 
     // Work and weight bytes per rank (rank q holds experts [q * E / P, (q + 1) * E / P) and
     // routes its own tokens); the floor is the busiest rank's.
@@ -360,7 +386,7 @@ int main(int argc, char** argv) {
       for (std::uint32_t e = q * local; e < (q + 1) * local; ++e)
         routed += r.expert_tokens[e], experts_hit += r.expert_tokens[e] > 0;
       double const rank_flops =
-          c.expert_flops(routed) + 2.0 * tokens * double(c.hidden) * c.experts;  // + router
+          c.expert_flops(routed) + (given ? 0.0 : 2.0 * tokens * double(c.hidden) * c.experts);
       double const rank_bytes =
           2.0 * experts_hit * (double(c.up_columns()) * c.hidden + double(c.hidden) * c.ffn) +
           2.0 * c.experts * c.hidden;
@@ -442,7 +468,7 @@ int main(int argc, char** argv) {
         << ",\"tokens_per_s\":" << all_tokens / (ms * 1e-3)
         << ",\"tflops\":" << flops / (ms * 1e-3) / 1e12 << ",\"floor_ms\":" << floor_ms
         << ",\"relative_error\":" << error << ",\"clean_l2\":" << (clean_l2 ? "true" : "false")
-        << "}\n";
+        << ",\"given_routing\":" << (given ? "true" : "false") << "}\n";
       if (!j) throw loom::Error("loom: cannot write " + json_path);
     }
     return status;
