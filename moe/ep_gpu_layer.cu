@@ -154,10 +154,20 @@ void GpuEpMoERank::start(cudaStream_t stream) {
   executor_->launch(stream);
 }
 
-void GpuEpMoERank::replay(CallGraph const& graph, EpRankCall const& call, cudaStream_t stream) {
+void GpuEpMoERank::capture(EpRankCall const& call, cudaStream_t stream) {
+  if (graph_.captured()) return;
+  ScopedDevice on(device_);
+  graph_.capture(stream, [&](cudaStream_t s) {
+    prepare(call, s);
+    start(s);
+    executor_->copy_error_back(s);
+  });
+}
+
+void GpuEpMoERank::replay(EpRankCall const& call, cudaStream_t stream) {
   ScopedDevice on(device_);
   check_not_stuck();
-  graph.launch(stream);
+  graph_.launch(stream);
   last_tokens_ = call.tokens;
 }
 
@@ -225,7 +235,6 @@ GpuEpMoEGroup::GpuEpMoEGroup(MoEConfig const& config, MoEWeights const& weights,
     LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     streams_.push_back(s);
   }
-  graphs_.resize(world);
 }
 
 GpuEpMoEGroup::~GpuEpMoEGroup() {
@@ -255,26 +264,18 @@ void GpuEpMoEGroup::forward(std::vector<EpRankCall> const& calls) {
     return;
   }
   // Every rank's graph is captured before any is launched, keeping the launches close.
-  for (std::uint32_t r = 0; r < world(); ++r) {
-    if (graphs_[r].captured()) continue;
-    ScopedDevice on(ranks_[r]->device());
-    try {
-      graphs_[r].capture(streams_[r], [&](cudaStream_t s) {
-        ranks_[r]->prepare(calls[r], s);
-        ranks_[r]->start(s);
-        ranks_[r]->executor().copy_error_back(s);
-      });
-    } catch (...) {
-      drop_graphs();
-      throw;
-    }
+  try {
+    for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->capture(calls[r], streams_[r]);
+  } catch (...) {
+    drop_graphs();
+    throw;
   }
-  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->replay(graphs_[r], calls[r], streams_[r]);
+  for (std::uint32_t r = 0; r < world(); ++r) ranks_[r]->replay(calls[r], streams_[r]);
   ++replayed_;
 }
 
 void GpuEpMoEGroup::drop_graphs() {
-  for (CallGraph& g : graphs_) g.drop();
+  for (auto& rank : ranks_) rank->drop_graph();
 }
 
 void GpuEpMoEGroup::check() {

@@ -48,9 +48,13 @@ class GpuEpMoERank {
   void start(cudaStream_t stream);
   // Throws loom::Error naming the rank if `call` is not one it can run (prepare's checks).
   void check_call(EpRankCall const& call) const;
-  // Enqueues `graph`, a capture of prepare(call), start() and the error record's copy on this
-  // rank's stream (GpuEpMoEGroup::forward), in place of them.
-  void replay(CallGraph const& graph, EpRankCall const& call, cudaStream_t stream);
+  // For a process driving several ranks (GpuEpMoEGroup::forward), whose calls repeat: capture()
+  // keeps a CUDA graph of prepare(call), start() and the error record's copy, captured on
+  // `stream` unless one is held (every rank's is captured before any is launched); replay()
+  // enqueues it in place of them; drop_graph() lets it go (a call that differs, a failure).
+  void capture(EpRankCall const& call, cudaStream_t stream);
+  void replay(EpRankCall const& call, cudaStream_t stream);
+  void drop_graph() { graph_.drop(); }
   // Waits for `stream`; returns the launch's error ("" if none), leaving the state as it is.
   std::string failure(cudaStream_t stream);
   // After a failed call on any rank: the next launch is number `epoch` with every counter
@@ -90,7 +94,7 @@ class GpuEpMoERank {
   std::unique_ptr<GpuExecutor<EpPipeline, EpDecoder>> executor_;
   std::uint32_t last_tokens_ = 0;
   std::optional<EpRankCall> last_launch_;  // launch()'s last call (none after a failure)
-  CallGraph graph_;                        // of last_launch_, once it repeated
+  CallGraph graph_;  // of last_launch_ once it repeated, or of the group's call (capture)
   std::uint64_t replayed_ = 0;
 };
 
@@ -125,8 +129,7 @@ class GpuEpMoEGroup {
   std::unique_ptr<NcclSymmetricHeapSet> heaps_;
   std::vector<std::unique_ptr<GpuEpMoERank>> ranks_;
   std::vector<cudaStream_t> streams_;
-  std::vector<EpRankCall> last_;   // the last call's arguments (none after a failure)
-  std::vector<CallGraph> graphs_;  // per rank, of last_ (none captured: not yet repeated)
+  std::vector<EpRankCall> last_;  // the last call's arguments (none after a failure)
   std::uint64_t replayed_ = 0;
 };
 
