@@ -385,11 +385,13 @@ int main(int argc, char** argv) {
       std::uint64_t routed = 0, experts_hit = 0;
       for (std::uint32_t e = q * local; e < (q + 1) * local; ++e)
         routed += r.expert_tokens[e], experts_hit += r.expert_tokens[e] > 0;
+      // The router's products and bytes count where the layer runs its router.
+      double const router = given ? 0.0 : 1.0;
       double const rank_flops =
-          c.expert_flops(routed) + (given ? 0.0 : 2.0 * tokens * double(c.hidden) * c.experts);
+          c.expert_flops(routed) + router * 2.0 * tokens * double(c.hidden) * c.experts;
       double const rank_bytes =
           2.0 * experts_hit * (double(c.up_columns()) * c.hidden + double(c.hidden) * c.ffn) +
-          2.0 * c.experts * c.hidden;
+          router * 2.0 * c.experts * c.hidden;
       flops += rank_flops;
       if (backend == "cuda" &&
           std::max(rank_flops / ceil.tensor_flops_per_s, rank_bytes / ceil.memory_bytes_per_s) >=
