@@ -140,8 +140,7 @@ class RendezvousAcrossProcesses
 
 TEST_P(RendezvousAcrossProcesses, EveryRankReceivesRankZerosBlobByteForByte) {
   auto const [scheme, world] = GetParam();
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   TempDir const dir;
   std::string const address = fresh_address(scheme, dir);
   Blob const blob = random_blob(seed, 128);  // the size of an ncclUniqueId

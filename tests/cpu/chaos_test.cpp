@@ -11,8 +11,7 @@ constexpr int kSeeds = 20;
 // Seeds base+1 .. base+kSeeds; base is fresh per test and printed on failure.
 template <class Fn>
 void for_each_chaos_seed(Fn&& fn) {
-  std::uint32_t const base = fresh_seed();
-  SCOPED_TRACE(seed_trace(base));
+  TracedSeed const base;
   for (int i = 1; i <= kSeeds; ++i) {
     std::uint64_t const chaos = std::uint64_t{base} + static_cast<std::uint64_t>(i);
     SCOPED_TRACE("chaos seed " + std::to_string(chaos));

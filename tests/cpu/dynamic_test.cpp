@@ -7,8 +7,7 @@ namespace loom::test {
 namespace {
 
 TEST(Dynamic, EmitsARandomCountAndRetiresTheRestEveryLaunch) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   constexpr std::uint32_t emitters = 8, bound = 300;
   Recorder r(EmissionShape::slots_for(emitters, bound));
@@ -28,8 +27,7 @@ TEST(Dynamic, EmitsARandomCountAndRetiresTheRestEveryLaunch) {
 
 // Emitted tasks alone complete an event (no top-up): it fires when the last of them completes.
 TEST(Dynamic, EmittedTasksCompletingADynamicEventReleaseAStaticSuccessor) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   std::uint32_t const n = 50 + rng() % 500;
   Recorder r(n + 2);
@@ -75,8 +73,7 @@ TEST(Dynamic, StaticAndDynamicArrivalsShareAnEvent) {
 }
 
 TEST(Dynamic, EmittingPastTheBoundFailsAndTheExecutorRecovers) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   constexpr std::uint32_t emitters = 2, bound = 16;
   Recorder r(EmissionShape::slots_for(emitters, bound));
@@ -99,8 +96,7 @@ TEST(Dynamic, EmittingPastTheBoundFailsAndTheExecutorRecovers) {
 }
 
 TEST(Dynamic, RetiringMoreThanTheBoundLeavesFailsAndTheExecutorRecovers) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   constexpr std::uint32_t n = 40;
   Recorder r(n + 2);
@@ -136,8 +132,7 @@ TEST(Dynamic, RetiringMoreThanTheBoundLeavesFailsAndTheExecutorRecovers) {
 
 // After an error, the executor re-initialises: the next launches run the full graph correctly.
 TEST(Dynamic, ExecutorRunsCorrectlyAfterATaskFailure) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   constexpr std::uint32_t emitters = 4, bound = 50;
   Recorder r(EmissionShape::slots_for(emitters, bound));

@@ -16,6 +16,7 @@
 #include "moe/ep_dispatch.hpp"
 #include "moe/reference.hpp"
 #include "runtime/state.hpp"
+#include "tests/seed.hpp"
 
 namespace {
 
@@ -40,10 +41,6 @@ loom::CpuOptions ep_options(std::uint32_t world) {
 
 std::vector<bf16> poisoned(std::size_t n) {
   return std::vector<bf16>(n, __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
-}
-
-std::uint64_t fresh_seed() {
-  return std::random_device{}();
 }
 
 // One rank's inputs and outputs for a call.
@@ -87,8 +84,7 @@ class EpCpu : public ::testing::TestWithParam<std::uint32_t> {};
 TEST_P(EpCpu, FusedRouterMatchesFloat64ReferenceOnEveryRank) {
   std::uint32_t const world = GetParam();
   MoEConfig const c = ep_config(16, 2, 64);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuEpMoELayer layer(c, w, world, ep_options(world));
   std::mt19937 rng(static_cast<unsigned>(seed));
@@ -131,8 +127,7 @@ TEST(EpCpu, SendTasksCarrySeveralChunksEach) {
   std::uint32_t const world = 2, blocks = kSendTasks + 9;
   MoEConfig const c = ep_config(8, 2, blocks * 32 - 5);
   ASSERT_LT(make_ep_shape(c, EpPlacement{0, world}, choose_ep_gemms(c, world)).send_tasks, blocks);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuEpMoELayer layer(c, w, world, ep_options(world));
   std::uint32_t const tokens[3][2] = {
@@ -159,8 +154,7 @@ TEST(EpCpu, SendTasksCarrySeveralChunksEach) {
 // exactly the records that source published to it, once each, and each is taken after it was
 // published (the virtual ranks share one clock).
 TEST(EpCpu, TracedCallsMarkEveryRecordPublishedAndTaken) {
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   for (std::uint32_t world : {2u, 4u}) {
     MoEConfig const c = ep_config(4 * world, 2, 200);
     loom::CpuOptions o = ep_options(world);
@@ -232,8 +226,7 @@ TEST(EpCpu, TracedCallsMarkEveryRecordPublishedAndTaken) {
 // order the sends claim them, expert by expert; the plan's totals agree; the records fit the
 // region.
 TEST(EpCpu, SendOrderNumbersEveryRowAndChunkOnceExpertByExpert) {
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(static_cast<unsigned>(seed));
   for (std::uint32_t world : {1u, 2u, 3u, 4u, 8u}) {
     for (std::uint32_t local : {1u, 3u, 32u}) {
@@ -321,9 +314,8 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
   EXPECT_EQ(shape.short_tokens, 0u);
   std::int32_t const hot = experts - 3;  // local expert 1 of rank world - 2
   std::uint32_t const idle = world > 2 ? 2 : 1;
-  SeededLayer run(c, world, fresh_seed());
-  SCOPED_TRACE("seed " + std::to_string(run.seed));
-  std::uint64_t const seed = run.seed;
+  loom::test::TracedSeed const seed;
+  SeededLayer run(c, world, seed);
   MoEWeights const& w = run.weights;
   CpuEpMoELayer& layer = run.layer;
   std::mt19937& rng = run.rng;
@@ -387,8 +379,8 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
 TEST(EpCpu, ManyLocalExpertsInEveryBinSizeMatchReference) {
   std::uint32_t const world = 4, local = 16;
   MoEConfig const c = ep_config(world * local, 4, 600);
-  SeededLayer run(c, world, fresh_seed());
-  SCOPED_TRACE("seed " + std::to_string(run.seed));
+  loom::test::TracedSeed const seed;
+  SeededLayer run(c, world, seed);
   for (int call = 0; call < 2; ++call) {
     std::vector<RankData> ranks(world);
     std::vector<std::uint32_t> expected(c.experts, 0);
@@ -442,8 +434,7 @@ INSTANTIATE_TEST_SUITE_P(ExpertsAndTokens, EpCpuWorlds,
 
 TEST_P(EpCpuWorlds, OutputIsBitwiseIdenticalAcrossWorldSizes) {
   auto const [experts, global_tokens] = GetParam();
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEConfig const whole = ep_config(experts, 4, global_tokens);
   if (experts >= kMinTileRouterExperts) {
     MoEView const shape = make_ep_shape(whole, EpPlacement{0, 1}, choose_ep_gemms(whole, 1)).local;
@@ -482,8 +473,7 @@ TEST_P(EpCpuWrites, NeverOverlapAndTokensTravelOncePerRank) {
   std::uint32_t const world = GetParam();
   std::int32_t const last = static_cast<std::int32_t>(2 * world - 1);
   MoEConfig const c = ep_config(2 * world, 4, 40);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuEpMoELayer layer(c, w, world, ep_options(world));
   loom::RemoteWriteLog log;
@@ -560,8 +550,7 @@ TEST_P(EpCpuWrites, NeverOverlapAndTokensTravelOncePerRank) {
 TEST(EpCpu, ChaosInterleavingsGiveTheSameBits) {
   std::uint32_t const world = 4;
   MoEConfig const c = ep_config(8, 2, 32);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   std::vector<RankData> ranks(world);
   for (std::uint32_t r = 0; r < world; ++r) {

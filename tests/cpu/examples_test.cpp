@@ -103,8 +103,7 @@ struct HostMlp {
 // Runs the fused MLP for every activation and both policies, fresh inputs per activation, Y and
 // the hidden layer poisoned before every launch; both policies give the same bits.
 void check_fused_mlp(FusedMlpProblem p, bool with_bias, CpuOptions const& options) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   for (GemmActivation act : kActivations) {
     SCOPED_TRACE(g::to_string(act));
@@ -153,10 +152,10 @@ TEST(FusedMlp, MatchesFloat64ReferenceWhenOneTileCoversEverything) {
 
 TEST(FusedMlp, MatchesFloat64ReferenceUnderAdversarialInterleaving) {
   CpuOptions options = with_processors(4);
-  options.chaos_seed = fresh_seed() | 1u;
+  TracedSeed const seed;  // of the interleaving
+  options.chaos_seed = seed | 1u;
   options.chaos_per_mille = 200;
   options.chaos_max_delay_us = 100;
-  SCOPED_TRACE("chaos seed " + std::to_string(options.chaos_seed));
   check_fused_mlp(shape(96, 40, 136, 56, 64), true, options);
 }
 
@@ -171,8 +170,7 @@ TEST(FusedMlp, OutputTilesWaitForEverySplitOfTheirOwnRowTile) {
   layer2.splits = 1;
   std::uint32_t const row_tiles = 3, hidden_tasks = 3 * 2, output_tasks = 2;
 
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   MlpInputs const in = random_mlp_inputs(p, rng);
   HostMlp mlp(p, in, true, {layer1, layer2});
@@ -305,8 +303,7 @@ TEST(TileMatmul, PayloadRejectsWhatItCannotEncode) {
 // Sub-matrices of larger buffers: the tile must read and write only inside its view, with bias
 // and activation applied per column.
 TEST(TileMatmul, StridedOperandsWithBiasMatchFloat64Reference) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   StridedMatmul const mm(rng);
   std::vector<float> c(std::size_t{mm.m} * mm.ldc, kNaN);
@@ -338,8 +335,7 @@ std::vector<double> reference_softmax(std::vector<float> const& in, std::uint32_
 // A task type defined outside runtime/ and tasks/, one block of rows per task; logits large
 // enough that exp without the max shift would overflow.
 TEST(RowSoftmax, MatchesFloat64ReferenceOnLargeLogits) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   struct Case {
     std::uint32_t rows, cols, rows_per_task;

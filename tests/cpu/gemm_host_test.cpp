@@ -40,8 +40,7 @@ std::vector<g::Bf16> random_bf16(std::size_t n, std::mt19937& rng, float scale) 
 // nothing outside the valid rows and columns was written.
 template <class Task = GemmTile>
 double run_host_gemm(HostGemm const& h, std::uint32_t run = 1) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   bool const swiglu = h.act == g::GemmActivation::swiglu;
   std::uint32_t const n_out = swiglu ? h.n / 2 : h.n, ldc = n_out + 8;
@@ -300,7 +299,8 @@ TEST(GemmHost, SinkReceivesEveryFinishedTileOnce) {
   h.out = g::OutputType::fp32, h.act = g::GemmActivation::relu;
   h.experts = 1, h.rows = {100}, h.n = 384, h.k = 64;
   std::uint32_t const a_rows = 102, ldc = h.n;
-  std::mt19937 rng(fresh_seed());
+  TracedSeed const seed;
+  std::mt19937 rng(seed);
   auto const a = random_bf16(std::size_t{a_rows} * h.k, rng, 1.0f);
   auto const b = random_bf16(std::size_t{h.n} * h.k, rng, 1.0f);
   std::vector<float> local(std::size_t{a_rows} * ldc, -1.0f), mirrored(local);

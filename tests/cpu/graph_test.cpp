@@ -174,8 +174,7 @@ TEST(Graph, EmptyGraphBuilds) {
 
 // A random valid graph against a model of what build() must produce.
 TEST(Graph, FreezesRootsGateCountsAndSuccessors) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   for (int round = 0; round < 20; ++round) {
     std::uint32_t const n = 1 + rng() % 300;

@@ -16,6 +16,7 @@
 #include "moe/row_fanout.hpp"
 #include "moe/view.hpp"
 #include "tests/moe_checks.hpp"
+#include "tests/seed.hpp"
 
 namespace {
 
@@ -34,10 +35,6 @@ MoEConfig small_config(Activation act, std::uint32_t experts, std::uint32_t top_
 
 std::vector<bf16> poisoned(std::size_t n) {
   return std::vector<bf16>(n, __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
-}
-
-std::uint64_t fresh_seed() {
-  return std::random_device{}();
 }
 
 struct Case {
@@ -73,8 +70,7 @@ TEST_P(CpuMoE, FusedRouterMatchesFloat64Reference) {
   Case const k = GetParam();
   MoEConfig c = small_config(k.act, k.experts, k.top_k);
   c.router = k.score;
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   auto const x = random_tokens(c, k.tokens, seed);
   CpuMoELayer layer(c, w);
@@ -108,8 +104,7 @@ TEST(CpuMoE, RouteTasksSpanningSeveralBlocksMatchReference) {
   c.max_tokens = 600;
   std::uint32_t const token_block = token_block_for(c.max_tokens, c.hidden, c.experts);
   ASSERT_GT(route_blocks_for(c.max_tokens, token_block, c.hidden, c.experts), 1u);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   std::uint32_t const tokens = 301;
   auto const x = random_tokens(c, tokens, seed);
@@ -138,8 +133,7 @@ TEST(CpuMoE, RouteTasksSpanningSeveralBlocksMatchReference) {
 // Caller routing: all tokens to one expert, empty experts, -1 entries.
 TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
   MoEConfig const c = small_config(Activation::swiglu, 8, 2);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   std::uint32_t const tokens = 97;
   auto const x = random_tokens(c, tokens, seed);
@@ -178,8 +172,7 @@ TEST(CpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
   std::uint32_t const tokens = 1100;
   ASSERT_GT(tokens, kMTileGroup * tile_rows);
   ASSERT_NE(tokens % tile_rows, 0u);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   auto const x = random_tokens(c, tokens, seed);
   CpuMoELayer layer(c, w);
@@ -204,8 +197,7 @@ TEST(CpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
 TEST(CpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
   MoEConfig c = small_config(Activation::swiglu, 4, 2);
   c.max_tokens = 1100;
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuMoELayer layer(c, w);
   std::uint32_t const short_tokens = kShortMTileRows * c.experts / c.top_k;
@@ -290,8 +282,7 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   EXPECT_EQ(one.main.short_rows, 0u);
 
   // A call whose experts end in M-tiles of 62, 65, 2 and 47 rows, against float64.
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuMoELayer layer(c, w);
   std::mt19937 rng(static_cast<unsigned>(seed));
@@ -397,8 +388,7 @@ TEST(CpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
   many.max_tokens = 4096;
   ASSERT_GT(make_view_shape(few, choose_expert_gemms(few, MmaPath::mma_sync)).route_parts, 1u);
   ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many, MmaPath::mma_sync)).route_parts, 1u);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(few, seed);
   CpuMoELayer spread(few, w, {}, MmaPath::mma_sync), whole(many, w, {}, MmaPath::mma_sync);
   for (std::uint32_t tokens : {90u, 1u, 96u}) {
@@ -439,8 +429,7 @@ TEST(CpuMoE, TileRouterShapeRoutesATileOfTokensPerTask) {
   other.hidden = kMaxTileRouterHidden + 1024;
   EXPECT_FALSE(make_view_shape(other, choose_expert_gemms(other)).tile_router);
 
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuMoELayer layer(c, w);
   for (std::uint32_t tokens : {1u, 63u, 65u, 301u, 600u}) {
@@ -455,8 +444,7 @@ TEST(CpuMoE, TileRouterShapeRoutesATileOfTokensPerTask) {
 // run_of (the run an emitted item belongs to, as the tile emission and the send order use it):
 // against a linear scan, over random runs with empty ones (repeated starts) among them.
 TEST(RunOf, FindsTheLastRunStartingAtOrBeforeEachItem) {
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(static_cast<unsigned>(seed));
   for (int round = 0; round < 200; ++round) {
     std::uint32_t const runs = 1 + rng() % 40;

@@ -165,8 +165,7 @@ CpuOptions exchange_options(std::uint32_t processors, std::uint32_t subscribers,
 }
 
 void exchange_over_launches(Exchange::Config const& config, int launches) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   Exchange x(config, rng);
   for (std::uint64_t launch = 1; launch <= static_cast<std::uint64_t>(launches); ++launch) {
@@ -200,8 +199,7 @@ TEST(Ranks, OneSubscriberPerRankDecodesEverySlot) {
 }
 
 TEST(Ranks, ExchangeUnderRandomDelays) {
-  std::uint32_t const base = fresh_seed();
-  SCOPED_TRACE(seed_trace(base));
+  TracedSeed const base;
   for (std::uint64_t i = 1; i <= 8; ++i) {
     SCOPED_TRACE("chaos seed " + std::to_string(base + i));
     Exchange::Config c;
@@ -218,8 +216,7 @@ TEST(Ranks, ExchangeUnderRandomDelays) {
 // must keep epochs growing across its re-initialisation for "arrived in this launch" to mean
 // anything.
 TEST(Ranks, ExchangeRecoversAfterAFailedLaunch) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   Exchange::Config c;
   c.world = 2;

@@ -46,8 +46,7 @@ bool same_bytes(P const& a, P const& b) {
 }
 
 TEST(Task, EncodeAndViewRoundTripSeveralPayloads) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   for (int round = 0; round < 100; ++round) {
     Mixed m{};

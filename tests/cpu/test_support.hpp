@@ -14,25 +14,14 @@
 #include <string>
 
 #include "runtime/runtime.hpp"
+#include "tests/seed.hpp"
 
 namespace loom::test {
-
-// A fresh seed per test (LOOM_TEST_SEED=<n> replays one); pair with SCOPED_TRACE(seed_trace(s)).
-inline std::uint32_t fresh_seed() {
-  if (char const* fixed = std::getenv("LOOM_TEST_SEED"))
-    return static_cast<std::uint32_t>(std::strtoul(fixed, nullptr, 10));
-  return std::random_device{}();
-}
-inline std::string seed_trace(std::uint32_t seed) {
-  return "seed " + std::to_string(seed) + " (replay with LOOM_TEST_SEED=" + std::to_string(seed) +
-         ")";
-}
 
 // A test fixture with a fresh seed, named in every failure of the test, and a generator on it.
 class SeededTest : public ::testing::Test {
  protected:
-  std::uint32_t const seed = fresh_seed();
-  ::testing::ScopedTrace const trace{__FILE__, __LINE__, seed_trace(seed)};
+  TracedSeed const seed;
   std::mt19937 rng{seed};
 };
 

@@ -142,8 +142,7 @@ TEST(Watchdog, TaskCheckFailureNamesTheTaskType) {
 }
 
 TEST(Watchdog, FailureOnOneOfManyProcessorsEndsTheLaunch) {
-  std::uint32_t const seed = fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  TracedSeed const seed;
   std::mt19937 rng(seed);
   std::uint32_t trigger = 3;
   Recorder r(2000);

@@ -13,6 +13,7 @@
 #include "runtime/cuda/scoped_device.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/moe_test_util.cuh"
+#include "tests/seed.hpp"
 
 namespace {
 
@@ -89,8 +90,7 @@ TEST_P(UnfusedEp, MatchesFloat64ReferenceAndSendsEachTokenOncePerRank) {
   // Two experts per rank at least: the all-to-rank-0 pattern draws top-2 from rank 0's.
   MoEConfig const c = moe_test::config(Activation::swiglu, RouterScore::softmax, 256, 256,
                                        std::max(8u, 2 * world), 2, 128);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   std::vector<int> devices(world);
   for (std::uint32_t r = 0; r < world; ++r) devices[r] = static_cast<int>(r);

@@ -12,6 +12,7 @@
 #include "runtime/cuda/scoped_device.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/moe_test_util.cuh"
+#include "tests/seed.hpp"
 
 namespace {
 
@@ -75,7 +76,7 @@ std::vector<EpRankCall> calls(std::vector<RankData> const& ranks, bool routed) {
 struct RouterGroup {
   MoEConfig config =
       moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256, 16, 2, 256);
-  std::uint64_t seed = std::random_device{}();
+  loom::test::TracedSeed seed;  // names the seed in the failures of the test that holds the group
   MoEWeights weights = random_weights(config, seed);
   GpuEpMoEGroup group;
 
@@ -166,8 +167,7 @@ TEST_P(EpGpu, SkewedCallerRoutingsMatchReference) {
   std::uint32_t const world = GetParam();
   LOOM_REQUIRE_GPUS(static_cast<int>(world));
   MoEConfig const c = moe_test::config(Activation::gelu, RouterScore::softmax, 256, 256, 8, 2, 200);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   GpuEpMoEGroup group(c, w, first_devices(world));
   std::mt19937 rng(static_cast<unsigned>(seed));
@@ -224,8 +224,7 @@ TEST_P(EpGpuWorlds, OutputIsBitwiseIdenticalAcrossWorldSizes) {
   auto const [experts, global_tokens] = GetParam();
   MoEConfig const whole = moe_test::config(Activation::swiglu, RouterScore::softmax, 512, 256,
                                            experts, 2, global_tokens);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(whole, seed);
   auto const x = random_tokens(whole, global_tokens, seed);
   std::vector<bf16> first;

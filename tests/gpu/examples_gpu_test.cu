@@ -14,6 +14,7 @@
 #include "tasks/gemm_tile.hpp"
 #include "tasks/tile_matmul.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
+#include "tests/seed.hpp"
 #include "tests/strided_matmul_check.hpp"
 
 namespace {
@@ -57,8 +58,7 @@ TEST_P(GpuFusedMlp, MatchesFloat64ReferenceOnEveryLaunch) {
   LOOM_REQUIRE_GPU();
   MlpCase const c = GetParam();
   FusedMlpProblem const p = c.problem;
-  unsigned const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(seed);
   auto const x = random_bf16(std::size_t{p.m} * p.k, rng, 1.0f);
   auto const w1 = random_bf16(std::size_t{p.w1_rows()} * p.k, rng, 1.0f / std::sqrt(float(p.k)));
@@ -133,8 +133,7 @@ INSTANTIATE_TEST_SUITE_P(
 // clipped at both edges; the padding columns of C stay untouched.
 TEST(GpuTileMatmul, StridedOperandsWithBiasMatchFloat64Reference) {
   LOOM_REQUIRE_GPU();
-  unsigned const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(seed);
   loom::test::StridedMatmul const mm(rng);
   loom::DeviceBuffer<float> da(mm.a), db(mm.b), dbias(mm.bias), dc(std::size_t{mm.m} * mm.ldc);
@@ -152,8 +151,7 @@ TEST(GpuTileMatmul, StridedOperandsWithBiasMatchFloat64Reference) {
 
 TEST(GpuRowSoftmax, MatchesFloat64Reference) {
   LOOM_REQUIRE_GPU();
-  unsigned const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(seed);
   for (auto [rows, cols, block] :
        {std::tuple{1000u, 777u, 16u}, std::tuple{37u, 4096u, 5u}, std::tuple{513u, 1u, 64u}}) {

@@ -14,6 +14,7 @@
 #include "tasks/gemm/device_gemm.hpp"
 #include "tasks/gemm/heuristic.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
+#include "tests/seed.hpp"
 
 namespace {
 
@@ -62,8 +63,8 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float lo, flo
 
 template <class Pipeline, class Task>
 void run_case_with(Case const& c, int launches) {
-  unsigned const seed = std::random_device{}();
-  SCOPED_TRACE(c.name + ", seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
+  SCOPED_TRACE(c.name);
   std::mt19937 rng(seed);
   bool const swiglu = c.act == g::GemmActivation::swiglu;
   std::uint32_t const n_out = swiglu ? c.n / 2 : c.n;
@@ -381,8 +382,7 @@ TEST(GpuGemmRegisterSplit, ShortWideTilesGiveBorrowedRegistersBack) {
 // when the second GEMM loads shows up in Y. The last M tile is partial (staged path).
 TEST(GpuGemmRuns, TilesStoredByTmaAreSeenByTheNextGemm) {
   LOOM_REQUIRE_GPU();
-  unsigned const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(seed);
   std::uint32_t const m = 3 * 128 + 40, k = 512, hidden = 4 * 256, n = 3 * 256;
   auto const x = random_bf16(std::size_t{m} * k, rng, 1.0f);

@@ -10,6 +10,7 @@
 #include "moe/reference.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/moe_test_util.cuh"
+#include "tests/seed.hpp"
 
 namespace {
 
@@ -24,8 +25,7 @@ TEST_P(UnfusedBaseline, OnTheFusedLayersRoutingMatchesFloat64Reference) {
   LOOM_REQUIRE_GPU();
   auto const [tc, dispatch] = GetParam();
   MoEConfig const& c = tc.config;
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   auto const x = random_tokens(c, tc.tokens, seed);
   loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tc.tokens} * c.hidden);
@@ -55,8 +55,7 @@ TEST_P(UnfusedBaseline, OwnRouterPicksTheReferenceTopKAndMatchesReference) {
   LOOM_REQUIRE_GPU();
   auto const [tc, dispatch] = GetParam();
   MoEConfig const& c = tc.config;
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   auto const x = random_tokens(c, tc.tokens, seed);
   loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tc.tokens} * c.hidden);
@@ -94,8 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(UnfusedBaseline, SkewedRoutingWithGapsMatchesReference) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 8, 2, 400);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   std::uint32_t const tokens = 333;
   auto const x = random_tokens(c, tokens, seed);

@@ -12,6 +12,7 @@
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/moe_test_util.cuh"
 #include "tests/moe_checks.hpp"
+#include "tests/seed.hpp"
 
 namespace {
 
@@ -41,8 +42,7 @@ TEST_P(GpuMoE, FusedRouterMatchesFloat64Reference) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = GetParam().config;
   std::uint32_t const tokens = GetParam().tokens;
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   auto const x = random_tokens(c, tokens, seed);
   loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
@@ -90,8 +90,7 @@ TEST(GpuMoE, TileRouterRoutesATokenAlikeAtAnyRowOfAnyCall) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 512, 256, 128, 4, 512);
   ASSERT_TRUE(make_view_shape(c, choose_expert_gemms(c)).tile_router);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   GpuMoELayer layer(c, w);
   std::uint32_t const tokens = 300, shift = 37;
@@ -135,8 +134,7 @@ TEST(GpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
   many.max_tokens = 4096;
   ASSERT_GT(make_view_shape(few, choose_expert_gemms(few, MmaPath::mma_sync)).route_parts, 1u);
   ASSERT_EQ(make_view_shape(many, choose_expert_gemms(many, MmaPath::mma_sync)).route_parts, 1u);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(few, seed);
   GpuMoELayer spread(few, w, {}, MmaPath::mma_sync), whole(many, w, {}, MmaPath::mma_sync);
   for (std::uint32_t tokens : {128u, 45u, 1u}) {
@@ -157,8 +155,7 @@ TEST(GpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
 TEST(GpuMoE, SkewedCallerRoutingMatchesReference) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 8, 2, 400);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   std::uint32_t const tokens = 333;
   auto const x = random_tokens(c, tokens, seed);
@@ -201,8 +198,7 @@ TEST(GpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
   std::uint32_t const tile_rows = choose_expert_gemms(c).up.block_m, tokens = 1200;
   ASSERT_GT(tokens, kMTileGroup * tile_rows);
   ASSERT_NE(tokens % tile_rows, 0u);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   auto const x = random_tokens(c, tokens, seed);
   GpuMoELayer layer(c, w);
@@ -224,8 +220,7 @@ TEST(GpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
 TEST(GpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 4, 2, 1200);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   GpuMoELayer layer(c, w);
   std::uint32_t const short_tokens = kShortMTileRows * c.experts / c.top_k;
@@ -260,8 +255,7 @@ TEST(GpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
 TEST(GpuMoE, LastMTilesOfFewRowsRunOnTheShortOperands) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 4, 2, 1200);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   GpuMoELayer layer(c, w);
   std::mt19937 rng(static_cast<unsigned>(seed));
@@ -402,8 +396,7 @@ TEST(GpuMoE, CallsReplayFromACudaGraph) {
 TEST(GpuMoE, RepeatedCallsReplayTheLayersGraph) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 256, 16, 2, 256);
-  std::uint64_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   GpuMoELayer layer(c, w);
   loom::DeviceBuffer<bf16> dx(std::size_t{c.max_tokens} * c.hidden),

@@ -8,6 +8,7 @@
 
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/nccl_exchange.cuh"
+#include "tests/seed.hpp"
 
 namespace loom_gpu_test {
 namespace {
@@ -15,11 +16,6 @@ namespace {
 using loom::NcclCommunicator;
 using loom::NcclSymmetricHeap;
 using loom_nccl_test::ExchangeRun;
-
-std::uint64_t fresh_seed() {
-  std::random_device rd;
-  return (std::uint64_t(rd()) << 32) | rd();
-}
 
 class NcclHeapWorld : public ::testing::TestWithParam<int> {
  protected:
@@ -65,8 +61,7 @@ TEST_P(NcclHeapWorld, ViewNamesEveryPeersWindowAndItsOwnRank) {
 
 TEST_P(NcclHeapWorld, EveryRankStoresIntoEveryPeersWindowAndSignalsIt) {
   std::vector<NcclCommunicator> const comms = NcclCommunicator::init_all(devices_);
-  std::uint64_t const seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   loom::SymmetricLayout layout;
   layout.add("leading.pad", 1000, 64);  // the exchange does not start at offset 0
   auto const regions = loom_nccl_test::lay_out_exchange(

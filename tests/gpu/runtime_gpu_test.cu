@@ -14,6 +14,7 @@
 #include "tasks/empty.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/hold_task.hpp"
+#include "tests/seed.hpp"
 #include "tests/wave_task.hpp"
 
 namespace loom_gpu_test {
@@ -245,8 +246,7 @@ TEST(GpuRuntime, FanOutFanInAndGates) {
 template <class Pick>
 void run_sources_and_sinks(std::uint32_t sources, std::uint32_t sinks, int launches, Pick pick) {
   Stamps st(sources + sinks);
-  std::uint32_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(seed);
   GraphBuilder b;
   std::vector<EventId> done(sources);
@@ -397,7 +397,8 @@ TEST(GpuRuntime, LaunchReplaysFromACudaGraph) {
 
 TEST(GpuRuntime, DynamicEmissionWithinALargerBound) {
   LOOM_REQUIRE_GPU();
-  std::mt19937 rng(std::random_device{}());
+  loom::test::TracedSeed const seed;
+  std::mt19937 rng(seed);
   constexpr std::uint32_t spawners = 32, bound_each = 40;
   Stamps st(spawners * bound_each + 1);
   std::vector<std::uint32_t> counts(spawners);
@@ -426,7 +427,8 @@ TEST(GpuRuntime, DynamicEmissionWithinALargerBound) {
 // none, one), beside a thread that emits one at a time: every task runs, once.
 TEST(GpuRuntime, BlockEmissionRunsEveryTaskOnce) {
   LOOM_REQUIRE_GPU();
-  std::mt19937 rng(std::random_device{}());
+  loom::test::TracedSeed const seed;
+  std::mt19937 rng(seed);
   constexpr std::uint32_t spawners = 12, bound_each = 3000;
   Stamps st(spawners * bound_each + 1);
   std::vector<std::uint32_t> counts(spawners);
@@ -514,8 +516,7 @@ __global__ void waiting_first_kernel(std::uint64_t* idle_list, std::uint64_t* se
 
 TEST(GpuScheduler, WarpWaitingFirstMatchesTheHostOnRandomRings) {
   LOOM_REQUIRE_GPU();
-  std::uint32_t const seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  loom::test::TracedSeed const seed;
   std::mt19937 rng(seed);
   for (int round = 0; round < 200; ++round) {
     std::uint32_t const processors = 2 + rng() % 300;
