@@ -45,6 +45,39 @@ inline Top2Routing skewed_top2_of_4(std::uint32_t tokens, std::mt19937& rng) {
   return r;
 }
 
+// Top-2 caller routing over 8 experts in one of kSkewedPatterns shapes: 0 every token to expert 3
+// alone (one hot expert, the other slot -1), 1 every token to experts 5 and 6 (six empty),
+// 2 gaps and -1 entries spread over all eight, 3 nothing routed (every slot -1).
+inline constexpr int kSkewedPatterns = 4;
+inline Top2Routing skewed_top2_of_8(int pattern, std::uint32_t tokens, std::mt19937& rng) {
+  Top2Routing r{std::vector<std::int32_t>(tokens * 2), std::vector<float>(tokens * 2)};
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (std::uint32_t t = 0; t < tokens; ++t) {
+    std::int32_t* const ids = &r.ids[2 * t];
+    if (pattern == 0) ids[0] = 3, ids[1] = -1;
+    if (pattern == 1) ids[0] = 5, ids[1] = 6;
+    if (pattern == 2) {
+      ids[0] = t % 3 == 0 ? -1 : static_cast<std::int32_t>(t % 8);
+      ids[1] = t % 5 == 0 ? -1 : static_cast<std::int32_t>((t + 3) % 8);
+    }
+    if (pattern == 3) ids[0] = -1, ids[1] = -1;
+    r.weights[2 * t] = weight(rng), r.weights[2 * t + 1] = weight(rng);
+  }
+  return r;
+}
+
+// A call's output on skewed_top2_of_8(pattern): zeros where nothing is routed (the reference is
+// all zeros there too), else within 1e-2 of the float64 reference.
+inline void expect_skewed_output(int pattern, std::vector<bf16> const& out,
+                                 std::vector<double> const& ref) {
+  if (pattern != 3) {
+    EXPECT_LT(relative_error(out, ref), 1e-2) << "pattern " << pattern;
+    return;
+  }
+  for (std::size_t i = 0; i < out.size(); ++i)
+    ASSERT_EQ(__bfloat162float(out[i]), 0.0f) << "nothing routed, element " << i;
+}
+
 // Top-2 caller routing in which expert e takes exactly counts[e] of the 2 x tokens pairs (each at
 // most `tokens`, summing to 2 x tokens), the tokens in random order, random weights.
 inline Top2Routing top2_with_counts(std::vector<std::uint32_t> const& counts, std::uint32_t tokens,

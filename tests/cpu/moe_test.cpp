@@ -130,7 +130,7 @@ TEST(CpuMoE, RouteTasksSpanningSeveralBlocksMatchReference) {
       ASSERT_EQ(__bfloat162float(out[std::size_t{t} * c.hidden + col]), 0.0f);
 }
 
-// Caller routing: all tokens to one expert, empty experts, -1 entries.
+// Caller routing: all tokens to one expert, empty experts, -1 entries, nothing routed.
 TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
   MoEConfig const c = small_config(Activation::swiglu, 8, 2);
   loom::test::TracedSeed const seed;
@@ -139,22 +139,12 @@ TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
   auto const x = random_tokens(c, tokens, seed);
   CpuMoELayer layer(c, w);
   std::mt19937 rng(static_cast<unsigned>(seed));
-  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
-  for (int pattern = 0; pattern < 3; ++pattern) {
-    std::vector<std::int32_t> ids(tokens * 2);
-    std::vector<float> wts(tokens * 2);
-    for (std::uint32_t t = 0; t < tokens; ++t) {
-      if (pattern == 0) ids[2 * t] = 3, ids[2 * t + 1] = -1;  // one hot expert
-      if (pattern == 1) ids[2 * t] = 5, ids[2 * t + 1] = 6;   // two experts, six empty
-      if (pattern == 2)
-        ids[2 * t] = t % 3 == 0 ? -1 : int(t % 8),  // gaps and -1
-            ids[2 * t + 1] = t % 5 == 0 ? -1 : int((t + 3) % 8);
-      wts[2 * t] = weight(rng), wts[2 * t + 1] = weight(rng);
-    }
+  for (int pattern = 0; pattern < checks::kSkewedPatterns; ++pattern) {
+    auto const [ids, wts] = checks::skewed_top2_of_8(pattern, tokens, rng);
     auto out = poisoned(std::size_t{tokens} * c.hidden);
     layer.forward(x.data(), tokens, ids.data(), wts.data(), out.data());
-    auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
-    EXPECT_LT(relative_error(out, ref), 1e-2) << "pattern " << pattern;
+    checks::expect_skewed_output(pattern, out,
+                                 reference_moe(c, w, x.data(), tokens, ids.data(), wts.data()));
     if (pattern == 0) {
       auto const counts = layer.expert_tokens();
       EXPECT_EQ(counts[3], tokens);

@@ -11,6 +11,7 @@
 #include "bench/ep_baseline.cuh"
 #include "moe/reference.hpp"
 #include "runtime/cuda/scoped_device.hpp"
+#include "tests/gpu/ep_test_util.cuh"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/moe_test_util.cuh"
 #include "tests/seed.hpp"
@@ -35,33 +36,11 @@ char const* pattern_name(Pattern p) {
   return "unknown";
 }
 
-// One rank's inputs, on the host and on its device; out poisoned with NaN.
-struct RankInput {
-  int device = 0;
-  std::uint32_t tokens = 0;
-  std::vector<bf16> x;
-  std::vector<std::int32_t> ids;
-  std::vector<float> weights;
-  loom::DeviceBuffer<bf16> dx, dout;
-  loom::DeviceBuffer<std::int32_t> dids;
-  loom::DeviceBuffer<float> dweights;
+using RankInput = ep_test::RankData;
 
-  void upload(std::uint32_t hidden) {
-    loom::ScopedDevice const on(device);
-    dx = loom::DeviceBuffer<bf16>(x);
-    dids = loom::DeviceBuffer<std::int32_t>(ids);
-    dweights = loom::DeviceBuffer<float>(weights);
-    dout = loom::DeviceBuffer<bf16>(std::max<std::size_t>(1, std::size_t{tokens} * hidden));
-    dout.fill_bytes(0xFF);  // NaN
-  }
-  UnfusedEpCall call() const { return {dx.get(), tokens, dids.get(), dweights.get(), dout.get()}; }
-  std::vector<bf16> out(std::uint32_t hidden) const {
-    loom::ScopedDevice const on(device);
-    auto o = dout.download();
-    o.resize(std::size_t{tokens} * hidden);
-    return o;
-  }
-};
+UnfusedEpCall call_of(RankInput const& in) {
+  return {in.dx.get(), in.tokens, in.dids.get(), in.dweights.get(), in.dout.get()};
+}
 
 // k distinct experts drawn from [first, first + count) for the token's slots, each slot left
 // empty (-1) with probability `gap`.
@@ -130,7 +109,7 @@ TEST_P(UnfusedEp, MatchesFloat64ReferenceAndSendsEachTokenOncePerRank) {
     }
 
     std::vector<UnfusedEpCall> calls;
-    for (auto const& in : ranks) calls.push_back(in.call());
+    for (auto const& in : ranks) calls.push_back(call_of(in));
     ep.forward(calls);
     ep.synchronize();
 
@@ -138,7 +117,7 @@ TEST_P(UnfusedEp, MatchesFloat64ReferenceAndSendsEachTokenOncePerRank) {
     for (std::uint32_t r = 0; r < world; ++r) {
       RankInput const& in = ranks[r];
       if (in.tokens == 0) continue;
-      auto const out = in.out(c.hidden);
+      auto const out = in.out();
       auto const ref =
           reference_moe(c, w, in.x.data(), in.tokens, in.ids.data(), in.weights.data());
       EXPECT_LT(relative_error(out, ref), 1e-2) << "rank " << r;

@@ -10,6 +10,7 @@
 #include "moe/ep_gpu_layer.cuh"
 #include "moe/reference.hpp"
 #include "runtime/cuda/scoped_device.hpp"
+#include "tests/gpu/ep_test_util.cuh"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/gpu/moe_test_util.cuh"
 #include "tests/seed.hpp"
@@ -29,46 +30,21 @@ std::vector<int> first_devices(std::uint32_t n) {
   return d;
 }
 
-// One rank's data, on the host and on its device.
-struct RankData {
-  int device = 0;
-  std::uint32_t tokens = 0;
-  std::vector<bf16> x;
-  std::vector<std::int32_t> ids;
-  std::vector<float> weights;
-  loom::DeviceBuffer<bf16> dx, dout;
-  loom::DeviceBuffer<std::int32_t> dids;
-  loom::DeviceBuffer<float> dweights;
+using ep_test::RankData;
 
-  void upload(std::uint32_t hidden) {
-    loom::ScopedDevice on(device);
-    dx = loom::DeviceBuffer<bf16>(x);
-    dout = loom::DeviceBuffer<bf16>(std::max<std::size_t>(1, std::size_t{tokens} * hidden));
-    dout.fill_bytes(0xFF);  // NaN
-    if (!ids.empty()) {
-      dids = loom::DeviceBuffer<std::int32_t>(ids);
-      dweights = loom::DeviceBuffer<float>(weights);
-    }
-  }
-  EpRankCall call(bool routed) const {
-    EpRankCall c;
-    c.x = dx.get();
-    c.tokens = tokens;
-    c.out = dout.get();
-    if (routed) c.ids = dids.get(), c.weights = dweights.get();
-    return c;
-  }
-  std::vector<bf16> out() const {
-    loom::ScopedDevice on(device);
-    auto o = dout.download();
-    o.resize(std::size_t{tokens} * (x.size() / std::max(1u, tokens)));
-    return o;
-  }
-};
+// A rank's call: with the caller's routing when `routed`, else through the fused router.
+EpRankCall call_of(RankData const& r, bool routed) {
+  EpRankCall c;
+  c.x = r.dx.get();
+  c.tokens = r.tokens;
+  c.out = r.dout.get();
+  if (routed) c.ids = r.dids.get(), c.weights = r.dweights.get();
+  return c;
+}
 
 std::vector<EpRankCall> calls(std::vector<RankData> const& ranks, bool routed) {
   std::vector<EpRankCall> c;
-  for (auto const& r : ranks) c.push_back(r.call(routed));
+  for (auto const& r : ranks) c.push_back(call_of(r, routed));
   return c;
 }
 
