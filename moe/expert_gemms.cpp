@@ -28,6 +28,18 @@ bool short_expert_gemms(MoEConfig const& c, MmaPath path, ExpertGemmConfigs& out
   return true;
 }
 
+void check_short_gemms(ExpertGemmConfigs const& tall, ExpertGemmConfigs const& short_tiles) {
+  auto const check = [](char const* gemm, GemmConfig const& t, GemmConfig const& s) {
+    if (t.block_n != s.block_n)
+      throw Error(std::string("loom: the ") + gemm +
+                  " GEMM's short M-tiles must use the tall ones' N-tiles (" +
+                  std::to_string(s.block_n) + " columns against " + std::to_string(t.block_n) +
+                  "): an expert's last M-tile is emitted with the layer's N-tile count");
+  };
+  check("up", tall.up, short_tiles.up);
+  check("down", tall.down, short_tiles.down);
+}
+
 GemmDesc up_gemm_desc(MoEConfig const& c, bf16 const* pool, bf16 const* w1, bf16* h,
                       ExpertSide side) {
   GemmDesc d;

@@ -32,6 +32,11 @@ ExpertGemmConfigs choose_expert_gemms(MoEConfig const& config,
 // The 64-row configuration for the calls of few tokens, when choose_expert_gemms chose 128 rows;
 // false when the layer's tiles are already short.
 bool short_expert_gemms(MoEConfig const& config, tasks::gemm::MmaPath path, ExpertGemmConfigs& out);
+// An expert's last M-tile may run on the short configuration's operands, but it is emitted with
+// the layer's N-tile counts (MoEView::up_tiles, down_tiles) and the plan retires the dynamic bound
+// by them: both heights must cut N into the same tiles. Throws loom::Error naming the GEMM whose
+// N-tiles differ.
+void check_short_gemms(ExpertGemmConfigs const& tall, ExpertGemmConfigs const& short_tiles);
 
 // Which experts a rank's GEMMs hold and how many pool rows it has: all of them and T * k on one
 // GPU; E / P and the expert-parallel pool (moe/ep_layer.hpp) on each of P ranks.

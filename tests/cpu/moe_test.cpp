@@ -326,6 +326,28 @@ TEST(CpuMoE, InvalidCallerRoutingIsRejectedWithItsReason) {
   layer.forward(x.data(), 4, good.data(), wts.data(), out.data());
 }
 
+// A layer of tall M-tiles runs an expert's last M-tile on the short configuration but emits it
+// with the layer's N-tile counts: short configurations that cut N otherwise are refused at
+// construction (they would leave columns uncomputed and over-retire the dynamic bound).
+TEST(CpuMoE, ShortMTilesThatCutNOtherwiseAreRefused) {
+  MoEConfig c = small_config(Activation::swiglu, 4, 2);
+  c.max_tokens = 1100;
+  ExpertGemmConfigs const tall = choose_expert_gemms(c);
+  ExpertGemmConfigs narrow;
+  ASSERT_TRUE(short_expert_gemms(c, loom::tasks::gemm::MmaPath::wgmma, narrow));
+  EXPECT_NO_THROW(check_short_gemms(tall, narrow));
+  narrow.down.block_n = tall.down.block_n / 2;
+  try {
+    check_short_gemms(tall, narrow);
+    ADD_FAILURE() << "no error";
+  } catch (loom::Error const& e) {
+    EXPECT_NE(std::string(e.what()).find("the down GEMM's short M-tiles must use the tall ones' "
+                                         "N-tiles (128 columns against 256)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CpuMoE, TooManyTokensIsRejected) {
   MoEConfig const c = small_config(Activation::gelu, 4, 1);
   CpuMoELayer layer(c, random_weights(c, 1));
