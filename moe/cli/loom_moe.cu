@@ -106,9 +106,9 @@ Run run_cpu(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
 }
 
 // Expert parallelism over `ranks` virtual ranks; rank q takes tokens [q * tokens, (q + 1) * tokens)
-// of x.
+// of x. With `given`, as run_cpu: each rank's timed calls take its picks of a first call.
 Run run_cpu_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
-               std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace) {
+               std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace, bool given) {
   loom::CpuOptions options;
   options.trace_capacity = trace ? trace_records(c, ranks) : 0;
   CpuEpMoELayer layer(c, w, ranks, options);
@@ -121,6 +121,17 @@ Run run_cpu_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const&
     calls[q].x = x.data() + std::size_t{q} * tokens * c.hidden;
     calls[q].tokens = tokens;
     calls[q].out = r.out.data() + std::size_t{q} * tokens * c.hidden;
+  }
+  std::vector<std::vector<std::int32_t>> ids(ranks);
+  std::vector<std::vector<float>> weights(ranks);
+  if (given) {
+    layer.forward(calls);
+    for (std::uint32_t q = 0; q < ranks; ++q) {
+      ids[q] = layer.topk_ids(q);
+      weights[q] = layer.topk_weights(q);
+      calls[q].ids = ids[q].data();
+      calls[q].weights = weights[q].data();
+    }
   }
   for (unsigned i = 0; i < iters; ++i) {
     for (std::uint32_t q = 0; q < ranks; ++q) layer.executor().take_trace(q);
@@ -195,9 +206,10 @@ Run run_cuda(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x
 
 // Expert parallelism over GPUs 0 .. ranks - 1 of this process (GpuEpMoEGroup); rank q takes
 // tokens [q * tokens, (q + 1) * tokens) of x. A call is timed on the host from the first rank's
-// launch to the end of the last rank's stream.
+// launch to the end of the last rank's stream. With `given`, as run_cuda: each rank's timed calls
+// take its picks of the warm-up call.
 Run run_cuda_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const& x,
-                std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace) {
+                std::uint32_t tokens, std::uint32_t ranks, unsigned iters, bool trace, bool given) {
   loom::GpuOptions options;
   options.trace_capacity = trace ? trace_records(c, ranks) : 0;
   std::vector<int> devices(ranks);
@@ -220,8 +232,17 @@ Run run_cuda_ep(MoEConfig const& c, MoEWeights const& w, std::vector<bf16> const
     calls[q].tokens = tokens;
     calls[q].out = dout[q].get();
   }
-  group.forward(calls);  // warm-up
+  group.forward(calls);  // warm-up (and the routing given after it)
   group.check();
+  std::vector<loom::DeviceBuffer<std::int32_t>> ids;
+  std::vector<loom::DeviceBuffer<float>> weights;
+  for (std::uint32_t q = 0; given && q < ranks; ++q) {
+    loom::ScopedDevice on(devices[q]);
+    ids.emplace_back(group.rank(q).topk_ids());
+    weights.emplace_back(group.rank(q).topk_weights());
+    calls[q].ids = ids[q].get();
+    calls[q].weights = weights[q].get();
+  }
   for (unsigned i = 0; i < iters; ++i) {
     for (std::uint32_t q = 0; q < ranks; ++q) {
       loom::ScopedDevice on(devices[q]);
@@ -296,7 +317,7 @@ int main(int argc, char** argv) {
       ("no-renormalize", po::bool_switch(&no_renorm), "keep the top-k weights as scored")
       ("given-routing", po::bool_switch(&given),
        "time the path of the caller's routing: a first call's router picks are passed to the "
-       "timed calls as topk_idx / topk_weights (one rank)")
+       "timed calls as topk_idx / topk_weights (with --ranks, each rank its own)")
       ("seed", po::value(&seed)->default_value(seed), "seed of the random weights and tokens")
       ("iters", po::value(&iters), "timed calls (default 20 GPU, 3 CPU)")
       ("backend", po::value(&backend)->default_value(backend), "cpu, cuda or auto")
@@ -330,10 +351,6 @@ int main(int argc, char** argv) {
     backend = gpu ? "cuda" : "cpu";
     if (clean_l2 && !gpu) throw loom::Error("loom: --clean-l2 needs the cuda backend");
     if (clean_l2 && ranks > 1) throw loom::Error("loom: --clean-l2 runs with one rank");
-    if (given && ranks > 1)
-      throw loom::Error(
-          "loom: --given-routing runs with one rank (loom_ep_bench times the expert-parallel "
-          "layer with the routing given)");
     if (gpu && ranks > static_cast<std::uint32_t>(loom::cuda_device_count()))
       throw loom::Error("loom: --ranks " + std::to_string(ranks) + " needs as many GPUs, found " +
                         std::to_string(loom::cuda_device_count()));
@@ -372,8 +389,8 @@ int main(int argc, char** argv) {
     // the copy ran up to 11% slower, which flattered the floor ratio.
     Ceilings const ceil = backend == "cuda" ? measure_ceilings() : Ceilings{};
     Run const r =
-        ranks > 1 ? (backend == "cuda" ? run_cuda_ep(c, w, x, tokens, ranks, iters, trace)
-                                       : run_cpu_ep(c, w, x, tokens, ranks, iters, trace))
+        ranks > 1 ? (backend == "cuda" ? run_cuda_ep(c, w, x, tokens, ranks, iters, trace, given)
+                                       : run_cpu_ep(c, w, x, tokens, ranks, iters, trace, given))
                   : (backend == "cuda" ? run_cuda(c, w, x, tokens, iters, trace, clean_l2, given)
                                        : run_cpu(c, w, x, tokens, iters, trace, given));
 
