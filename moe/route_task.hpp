@@ -15,7 +15,7 @@
 #if defined(__CUDACC__)
 #include <cuda_pipeline.h>
 
-#include <cub/block/block_scan.cuh>
+#include <cub/warp/warp_scan.cuh>
 #endif
 
 namespace loom::moe {
@@ -728,7 +728,7 @@ struct PlanExperts {
   static constexpr char const* name = "moe_plan";
   static constexpr unsigned threads = 64;
   // Device: the counts, then the scan's temporary storage.
-  static constexpr unsigned kScanBytes = 64;
+  static constexpr unsigned kScanBytes = 16;
   static constexpr unsigned shared_bytes = kMaxExperts * sizeof(std::uint32_t) + kScanBytes;
   struct Payload {
     MoEView const* view;
@@ -783,44 +783,47 @@ struct PlanExperts {
       return {a.rows + b.rows, a.tiles + b.tiles};
     }
   };
-  using Scan = cub::BlockScan<RowsAndTiles, threads, cub::BLOCK_SCAN_WARP_SCANS>;
+  // One warp scans: a block-wide scan is sized for a block of `threads`, and every thread of the
+  // processor's block (the pipeline's widest type's count) runs the body.
+  using Scan = cub::WarpScan<RowsAndTiles>;
   static_assert(sizeof(typename Scan::TempStorage) <= kScanBytes);
-  static constexpr std::uint32_t kMaxPerThread = kMaxExperts / threads;
-  static_assert(kMaxPerThread * threads == kMaxExperts);
 
   // The same plan, with the counts read by the whole block at once and the offsets summed by a
-  // block-wide scan, each thread taking a run of consecutive experts (one thread's loop over the
+  // scan over warp 0, each lane taking a run of consecutive experts (one thread's loop over the
   // experts took 4.7 us for 64 of them, at the head of every call).
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = tiles_view(*p.view);
     auto* const count = static_cast<std::uint32_t*>(ctx.shared_memory());  // [kMaxExperts]
     auto& scan = *reinterpret_cast<typename Scan::TempStorage*>(count + kMaxExperts);
+    RowsAndTiles total{0, 0};  // thread 0's (lane 0 of the scanning warp)
     std::uint32_t const experts = v.experts, tile_rows = v.tile_rows;
     for (std::uint32_t e = threadIdx.x; e < experts; e += blockDim.x)
       count[e] = load_relaxed(v.counts[e]);
     __syncthreads();
-    std::uint32_t const per = (experts + threads - 1) / threads, e0 = threadIdx.x * per;
-    RowsAndTiles mine[kMaxPerThread], sum{0, 0};
-#pragma unroll
-    for (std::uint32_t i = 0; i < kMaxPerThread; ++i) {
-      std::uint32_t const c = i < per && e0 + i < experts ? count[e0 + i] : 0u;
-      mine[i] = {c, (c + tile_rows - 1) / tile_rows};
-      sum = AddRowsAndTiles{}(sum, mine[i]);
-    }
-    RowsAndTiles before, total;
-    Scan(scan).ExclusiveScan(sum, before, RowsAndTiles{0, 0}, AddRowsAndTiles{}, total);
-    std::uint32_t* const offsets = v.offsets;
-    std::uint32_t* const tile_base = v.tile_base;
-#pragma unroll
-    for (std::uint32_t i = 0; i < kMaxPerThread; ++i) {
-      if (i >= per || e0 + i >= experts) break;
-      offsets[e0 + i] = before.rows;
-      tile_base[e0 + i] = before.tiles;
-      before = AddRowsAndTiles{}(before, mine[i]);
-    }
-    if (threadIdx.x == 0) {
-      offsets[experts] = total.rows;
-      tile_base[experts] = total.tiles;
+    if (threadIdx.x < 32) {
+      // Lane l's run: experts [e0, e1). Its counts are read from shared memory twice, once to
+      // sum and once to place, rather than kept in registers.
+      std::uint32_t const per = (experts + 31) / 32, e0 = min(threadIdx.x * per, experts),
+                          e1 = min(e0 + per, experts);
+      auto rows_and_tiles = [&](std::uint32_t e) {
+        return RowsAndTiles{count[e], (count[e] + tile_rows - 1) / tile_rows};
+      };
+      RowsAndTiles sum{0, 0};
+      for (std::uint32_t e = e0; e < e1; ++e) sum = AddRowsAndTiles{}(sum, rows_and_tiles(e));
+      RowsAndTiles before, all;
+      Scan(scan).ExclusiveScan(sum, before, RowsAndTiles{0, 0}, AddRowsAndTiles{}, all);
+      std::uint32_t* const offsets = v.offsets;
+      std::uint32_t* const tile_base = v.tile_base;
+      for (std::uint32_t e = e0; e < e1; ++e) {
+        offsets[e] = before.rows;
+        tile_base[e] = before.tiles;
+        before = AddRowsAndTiles{}(before, rows_and_tiles(e));
+      }
+      if (threadIdx.x == 0) {
+        offsets[experts] = all.rows;
+        tile_base[experts] = all.tiles;
+      }
+      total = all;
     }
     std::uint32_t* const expert_tokens = v.expert_tokens;
     std::uint32_t* const counts = v.counts;

@@ -357,6 +357,9 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
       idle_head_pos += n;
       idle_head_slot = ring_slot(idle_head_slot, n, s.processors);
     }
+    // Every lane's loads of the ring come before any lane's later stores into it (scan_reports
+    // refills the slots taken here): the shuffles and votes between them order no memory.
+    __syncwarp();
     return true;
   };
   // The roots go out before the first pass: every first credit is already held. The warp
