@@ -313,6 +313,9 @@ int main(int argc, char** argv) {
       ("help,h", "this message")
       ("tokens", po::value(&tokens),
        "tokens per call and rank (default: 4096 on a GPU, 256 on the CPU)")
+      ("max-tokens", po::value(&c.max_tokens),
+       "tokens per call the layer is sized for (MoEConfig::max_tokens), at least --tokens "
+       "(default: --tokens)")
       ("hidden", po::value(&c.hidden), "token width H, a multiple of 64 (default 2048 GPU, 512 CPU)")
       ("ffn", po::value(&c.ffn), "expert width D, a multiple of 64 (default 2048 GPU, 512 CPU)")
       ("experts", po::value(&c.experts), "experts E (default 64 GPU, 16 CPU)")
@@ -369,7 +372,10 @@ int main(int argc, char** argv) {
     c.activation = parse_activation(act);
     c.router = parse_router_score(router);
     c.renormalize = !no_renorm;
-    c.max_tokens = tokens;
+    if (!vm.count("max-tokens")) c.max_tokens = tokens;
+    if (c.max_tokens < tokens)
+      throw loom::Error("loom: --max-tokens " + std::to_string(c.max_tokens) +
+                        " is below --tokens " + std::to_string(tokens));
     validate(c);
     if (ranks != 1) validate_placement(c, ranks);
   } catch (std::exception const& e) {
@@ -382,6 +388,7 @@ int main(int argc, char** argv) {
                 c.ffn, c.experts, c.top_k, to_string(c.activation), to_string(c.router),
                 c.renormalize ? " renormalised" : "", given ? ", routing given" : "",
                 backend.c_str());
+    if (c.max_tokens != tokens) std::printf(", layer sized for %u tokens", c.max_tokens);
     if (ranks > 1)
       std::printf(", %u ranks of %u experts, each with its own %u tokens", ranks, c.experts / ranks,
                   tokens);
@@ -494,9 +501,10 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       std::ofstream j(json_path);
       j << "{\"backend\":\"" << backend << "\",\"device\":\"" << r.device
-        << "\",\"tokens\":" << tokens << ",\"hidden\":" << c.hidden << ",\"ffn\":" << c.ffn
-        << ",\"ranks\":" << ranks << ",\"experts\":" << c.experts << ",\"top_k\":" << c.top_k
-        << ",\"activation\":\"" << to_string(c.activation) << "\",\"median_ms\":" << ms
+        << "\",\"tokens\":" << tokens << ",\"max_tokens\":" << c.max_tokens
+        << ",\"hidden\":" << c.hidden << ",\"ffn\":" << c.ffn << ",\"ranks\":" << ranks
+        << ",\"experts\":" << c.experts << ",\"top_k\":" << c.top_k << ",\"activation\":\""
+        << to_string(c.activation) << "\",\"median_ms\":" << ms
         << ",\"tokens_per_s\":" << all_tokens / (ms * 1e-3)
         << ",\"tflops\":" << flops / (ms * 1e-3) / 1e12 << ",\"floor_ms\":" << floor_ms
         << ",\"relative_error\":" << error << ",\"clean_l2\":" << (clean_l2 ? "true" : "false")
