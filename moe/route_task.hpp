@@ -726,7 +726,7 @@ struct RouteTile {
 // started 13-16 µs after the plan ended.)
 struct PlanExperts {
   static constexpr char const* name = "moe_plan";
-  static constexpr unsigned threads = 64;
+  static constexpr unsigned threads = 32;  // the scan's warp; the other loops take any block
   // Device: the counts, then the scan's temporary storage.
   static constexpr unsigned kScanBytes = 16;
   static constexpr unsigned shared_bytes = kMaxExperts * sizeof(std::uint32_t) + kScanBytes;
@@ -783,8 +783,8 @@ struct PlanExperts {
       return {a.rows + b.rows, a.tiles + b.tiles};
     }
   };
-  // One warp scans: a block-wide scan is sized for a block of `threads`, and every thread of the
-  // processor's block (the pipeline's widest type's count) runs the body.
+  // One warp scans: every thread of the processor's block (the pipeline's widest type's count)
+  // runs the body, and a block-wide scan is sized for one block size.
   using Scan = cub::WarpScan<RowsAndTiles>;
   static_assert(sizeof(typename Scan::TempStorage) <= kScanBytes);
 
