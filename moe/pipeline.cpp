@@ -72,6 +72,9 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   } else if (spread_routes) {
     spread_route_groups(v);
   }
+  v.route_rounds = 1;
+  if (!v.tile_router && v.route_parts == 1)
+    while (route_tasks(v) > kRouteTasks) v.route_rounds *= 2;
   v.max_mtiles = max_mtiles(c.max_tokens, c.top_k, c.experts, v.tile_rows);
   v.activation = c.activation;
   v.score = c.router;
@@ -105,7 +108,8 @@ std::uint32_t dynamic_bound(MoEView const& v) {
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
-  std::uint32_t const routes = shape.max_routes * shape.route_parts;
+  std::uint32_t const routes =
+      shape.route_parts > 1 ? shape.max_routes * shape.route_parts : route_tasks(shape);
   EventId const routed = b.add_event(routes);
   for (std::uint32_t route = 0; route < routes; ++route)
     add_route_task(b, MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route),

@@ -64,12 +64,28 @@ struct RouteTokens {
   }
 
   // Route task p.block: part p.block % route_parts of route group p.block / route_parts, which
-  // covers token blocks [group * route_blocks, ...). A group of one part routes its blocks whole.
+  // covers token blocks [group * route_blocks, ...). A group of one part routes its blocks whole,
+  // and a task of whole groups routes those of its route_rounds groups that hold tokens of the
+  // call (for_each_group).
   static void host(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
     if (v.route_parts > 1 && v.call[1] == 0) return route_part_host(v, group, part, ctx);
-    if (part == 0) route_host(v, group * v.route_blocks, v.route_blocks, ctx);
+    if (part == 0)
+      for_each_group(v, group, [&](std::uint32_t g) {
+        route_host(v, g * v.route_blocks, v.route_blocks, ctx);
+        return !ctx.failed();
+      });
+  }
+
+  // f(g) for the groups task `first` takes in turn (first, first + route_tasks(v), ...; one on a
+  // layer of route_rounds = 1) that hold tokens of this call, while f returns true.
+  template <class F>
+  LOOM_HD static void for_each_group(MoEView const& v, std::uint32_t first, F const& f) {
+    std::uint32_t const step = route_tasks(v);
+    std::uint32_t const tokens = v.call[0], group_tokens = v.route_blocks * v.token_block;
+    for (std::uint32_t g = first; g < v.max_routes && g * group_tokens < tokens; g += step)
+      if (!f(g)) return;
   }
 
   // Routes token blocks [first, first + blocks) (those within this call's tokens).
@@ -554,7 +570,12 @@ struct RouteTokens {
     MoEView const& v = *p.view;
     std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
     if (v.route_parts > 1 && v.call[1] == 0) return route_part_device(v, group, part, ctx);
-    if (part == 0) route_device(v, group * v.route_blocks, v.route_blocks, ctx);
+    if (part == 0)
+      for_each_group(v, group, [&](std::uint32_t g) {
+        if (g != group) __syncthreads();  // the previous group's shared memory is free
+        route_device(v, g * v.route_blocks, v.route_blocks, ctx);
+        return !ctx.failed();
+      });
   }
 
   // Routes token blocks [first, first + blocks), at most kRouteTileTokens tokens (those within

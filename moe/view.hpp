@@ -146,6 +146,10 @@ struct MoEView {
   std::uint32_t route_segments;     // runs of slices summed apart, then in order
   std::uint32_t route_parts;        // route tasks per group: 1, or parts that split its slices
   std::uint32_t route_part_slices;  // slices per part (route_parts > 1)
+  // Route groups one route task takes in turn (route_tasks(v) tasks; task r takes groups r,
+  // r + route_tasks(v), ...): 1, or more where a layer sized for many tokens would otherwise
+  // have more than kRouteTasks route tasks, most of them without a token of a small call.
+  std::uint32_t route_rounds;
   // Routes on the tensor cores (routes_on_tile; route_ops on a GPU): route groups of up to
   // kRouteTileTokens tokens (tile_route_blocks_for), each a RouteTile before its route task.
   bool tile_router;
@@ -232,6 +236,12 @@ LOOM_HD inline std::uint32_t run_of(std::uint32_t const* starts, std::uint32_t r
 // Elements of the spread route's slice sums (0 when routes are not spread).
 inline std::size_t route_partial_size(MoEView const& v) {
   return v.route_parts > 1 ? std::size_t{v.route_slices} * v.max_tokens * v.experts : 0;
+}
+
+// The route tasks of a layer whose route groups are whole (route_parts = 1): each takes
+// route_rounds groups in turn.
+LOOM_HD inline std::uint32_t route_tasks(MoEView const& v) {
+  return (v.max_routes + v.route_rounds - 1) / v.route_rounds;
 }
 
 // Payload of the per-token-block tasks (route, gather, combine).

@@ -414,6 +414,35 @@ TEST(CpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
   }
 }
 
+// A layer sized for more route groups than kRouteTasks gives each route task several groups in
+// turn (route_rounds), so that a small call does not run a route task per group of the layer.
+// Calls that end in a task's first group, in its second round, and the layer's full size match
+// the reference and are bitwise those of a layer sized for the call.
+TEST(CpuMoE, RouteTasksOfSeveralGroupsRouteEveryToken) {
+  MoEConfig big = small_config(Activation::swiglu, 8, 2);
+  big.max_tokens = 8192;
+  MoEView const shape = make_view_shape(big, choose_expert_gemms(big));
+  ASSERT_GT(shape.route_rounds, 1u);
+  ASSERT_LE(route_tasks(shape), kRouteTasks);
+  std::uint32_t const group_tokens = shape.route_blocks * shape.token_block;
+  loom::test::TracedSeed const seed;
+  MoEWeights const w = random_weights(big, seed);
+  CpuMoELayer layer(big, w);
+  for (std::uint32_t tokens :
+       {1u, group_tokens + 3, route_tasks(shape) * group_tokens + 5, 8192u}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    MoEConfig fit = big;
+    fit.max_tokens = tokens;
+    CpuMoELayer exact(fit, w);
+    auto const x = random_tokens(big, tokens, seed + tokens);
+    auto a = poisoned(std::size_t{tokens} * big.hidden), b = a;
+    layer.forward(x.data(), tokens, a.data());
+    exact.forward(x.data(), tokens, b.data());
+    checks::expect_matches_reference(big, w, x, tokens, layer, a);
+    checks::expect_bitwise_equal(layer, a, exact, b);
+  }
+}
+
 // The wgmma layers of 128 to 256 experts route up to kRouteTileTokens tokens per route task (the
 // router tile) while keeping kRouteTasks of them, the mma.sync layers at most kMaxTokenBlock;
 // fewer or more experts, or a larger hidden size, keep the router on mma.sync. A call whose
