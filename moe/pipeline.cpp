@@ -108,8 +108,7 @@ std::uint32_t dynamic_bound(MoEView const& v) {
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
-  std::uint32_t const routes =
-      shape.route_parts > 1 ? shape.max_routes * shape.route_parts : route_tasks(shape);
+  std::uint32_t const routes = route_tasks(shape) * shape.route_parts;
   EventId const routed = b.add_event(routes);
   for (std::uint32_t route = 0; route < routes; ++route)
     add_route_task(b, MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route),

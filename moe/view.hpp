@@ -238,8 +238,8 @@ inline std::size_t route_partial_size(MoEView const& v) {
   return v.route_parts > 1 ? std::size_t{v.route_slices} * v.max_tokens * v.experts : 0;
 }
 
-// The route tasks of a layer whose route groups are whole (route_parts = 1): each takes
-// route_rounds groups in turn.
+// Route tasks per part of a group: each takes route_rounds groups in turn (route_rounds is 1 where
+// a group has several parts, so then one task a group).
 LOOM_HD inline std::uint32_t route_tasks(MoEView const& v) {
   return (v.max_routes + v.route_rounds - 1) / v.route_rounds;
 }
