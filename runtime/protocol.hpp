@@ -358,9 +358,9 @@ __device__ bool emit_tasks_block(RuntimeState const& s, std::uint32_t n, MakeFn 
   cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
   for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x)
     store_relaxed(q.seq[(pos + k) % q.capacity], pos + k + 1);
-  if (!ok) failed = 1;
-  __syncthreads();
-  return !failed;
+  // Not through `failed`: a thread that failed here would store it while a slower thread may
+  // still be reading it above (and leave before this barrier).
+  return !__syncthreads_or(!ok);
 }
 #endif
 
