@@ -572,9 +572,12 @@ struct RouteTokens {
     if (v.route_parts > 1 && v.call[1] == 0) return route_part_device(v, group, part, ctx);
     if (part == 0)
       for_each_group(v, group, [&](std::uint32_t g) {
-        if (g != group) __syncthreads();  // the previous group's shared memory is free
+        // The previous group's shared memory is free. The block stops together once the launch
+        // has failed: each thread reads the error word itself, and another block may raise it
+        // between two threads' reads.
+        if (g != group && __syncthreads_or(ctx.failed())) return false;
         route_device(v, g * v.route_blocks, v.route_blocks, ctx);
-        return !ctx.failed();
+        return true;
       });
   }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moe/reference.hpp"
+#include "moe/view.hpp"
 
 namespace loom::moe::checks {
 
@@ -104,6 +105,15 @@ inline Top2Routing top2_with_counts(std::vector<std::uint32_t> const& counts, st
 // rows: three of them run on the short operands (at most 64 rows), one on the tall ones.
 inline std::vector<std::uint32_t> const kMixedLastTiles = {190, 321, 130, 559};
 inline constexpr std::uint32_t kMixedLastTilesTokens = 600;
+
+// Token counts of calls on a layer whose route tasks take several groups in turn (route_rounds
+// > 1; `max_tokens` its size): one token, a call ending in a task's first group, one ending in its
+// second round, the full size.
+inline std::vector<std::uint32_t> route_round_calls(MoEView const& shape,
+                                                    std::uint32_t max_tokens) {
+  std::uint32_t const group_tokens = shape.route_blocks * shape.token_block;
+  return {1u, group_tokens + 3, route_tasks(shape) * group_tokens + 5, max_tokens};
+}
 
 // The last calls of a and b routed bitwise alike and gave bitwise the same output.
 template <class Layer>

@@ -424,12 +424,10 @@ TEST(CpuMoE, RouteTasksOfSeveralGroupsRouteEveryToken) {
   MoEView const shape = make_view_shape(big, choose_expert_gemms(big));
   ASSERT_GT(shape.route_rounds, 1u);
   ASSERT_LE(route_tasks(shape), kRouteTasks);
-  std::uint32_t const group_tokens = shape.route_blocks * shape.token_block;
   loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(big, seed);
   CpuMoELayer layer(big, w);
-  for (std::uint32_t tokens :
-       {1u, group_tokens + 3, route_tasks(shape) * group_tokens + 5, 8192u}) {
+  for (std::uint32_t tokens : checks::route_round_calls(shape, big.max_tokens)) {
     SCOPED_TRACE("tokens " + std::to_string(tokens));
     MoEConfig fit = big;
     fit.max_tokens = tokens;

@@ -152,6 +152,35 @@ TEST(GpuMoE, SpreadRouterSlicesGiveTheRoutingOfWholeRouterTasks) {
   }
 }
 
+// A layer with more route groups than kRouteTasks gives each route task several groups in turn
+// (route_rounds): calls that end in a task's first group, in a later round and at the full size
+// match the float64 reference and are bitwise those of layers sized for them.
+TEST(GpuMoE, RouteTasksOfSeveralGroupsRouteEveryToken) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const big = config(Activation::swiglu, RouterScore::softmax, 256, 128, 8, 2, 8192);
+  MoEView const shape = make_view_shape(big, choose_expert_gemms(big));
+  ASSERT_GT(shape.route_rounds, 1u);
+  loom::test::TracedSeed const seed;
+  MoEWeights const w = random_weights(big, seed);
+  GpuMoELayer layer(big, w);
+  for (std::uint32_t tokens : checks::route_round_calls(shape, big.max_tokens)) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    MoEConfig fit = big;
+    fit.max_tokens = tokens;
+    GpuMoELayer exact(fit, w);
+    auto const x = random_tokens(big, tokens, seed + tokens);
+    loom::DeviceBuffer<bf16> dx(x), da(std::size_t{tokens} * big.hidden), db(da.size());
+    da.fill_bytes(0xFF);
+    db.fill_bytes(0xFF);
+    layer.forward(dx.get(), tokens, da.get());
+    layer.check();
+    exact.forward(dx.get(), tokens, db.get());
+    exact.check();
+    checks::expect_matches_reference(big, w, x, tokens, layer, da.download());
+    checks::expect_bitwise_equal(layer, da.download(), exact, db.download());
+  }
+}
+
 TEST(GpuMoE, SkewedCallerRoutingMatchesReference) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 8, 2, 400);
