@@ -41,7 +41,6 @@ EpGemms choose_ep_gemms(MoEConfig const& c, std::uint32_t world, tasks::gemm::Mm
   EpGemms g;
   g.main = choose_expert_gemms(whole, path);
   g.has_short = short_expert_gemms(whole, path, g.short_tiles);
-  if (g.has_short) check_short_gemms(g.main, g.short_tiles);
   return g;
 }
 

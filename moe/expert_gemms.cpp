@@ -25,6 +25,7 @@ ExpertGemmConfigs choose_expert_gemms(MoEConfig const& c, MmaPath path) {
 bool short_expert_gemms(MoEConfig const& c, MmaPath path, ExpertGemmConfigs& out) {
   if (short_mtiles(c, c.max_tokens)) return false;
   out = expert_gemms(64, path);
+  check_short_gemms(choose_expert_gemms(c, path), out);
   return true;
 }
 

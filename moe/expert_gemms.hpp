@@ -30,7 +30,7 @@ inline bool short_mtiles(MoEConfig const& c, std::uint32_t tokens) {
 ExpertGemmConfigs choose_expert_gemms(MoEConfig const& config,
                                       tasks::gemm::MmaPath path = tasks::gemm::MmaPath::wgmma);
 // The 64-row configuration for the calls of few tokens, when choose_expert_gemms chose 128 rows;
-// false when the layer's tiles are already short.
+// false when the layer's tiles are already short. Checked against the tall one (check_short_gemms).
 bool short_expert_gemms(MoEConfig const& config, tasks::gemm::MmaPath path, ExpertGemmConfigs& out);
 // An expert's last M-tile may run on the short configuration's operands, but it is emitted with
 // the layer's N-tile counts (MoEView::up_tiles, down_tiles) and the plan retires the dynamic bound
