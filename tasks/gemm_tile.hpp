@@ -21,9 +21,9 @@
 // consumers take registers from the producer warpgroup (setmaxnreg 208 / 88, back to 168 at the
 // end). Both paths finish through the same epilogue into a staged tile that the Sink delivers
 // (sink.hpp). Design, measurements and limits: docs/gemm.md.
-// Split-K (config.splits > 1): split s sums K blocks [s·per, (s+1)·per); the last split to finish
-// a tile loads the other partials into shared memory with bulk copies, adds all of them in split
-// order (deterministic) and runs the epilogue.
+// Split-K (config.splits > 1): split s sums K blocks [s·per, (s+1)·per) and stores its raw
+// accumulators to the workspace; the last split to finish a tile adds the others' into its
+// registers in split order (deterministic) and runs the unsplit epilogue.
 //
 // Host: the same function in float from the bf16 inputs; the task of the last split computes the
 // whole K range and the other splits do nothing.
@@ -81,9 +81,6 @@ struct GemmTileTask {
   static constexpr std::uint32_t kAreaBytes =
       kStoreBoxes ? gemm::kRunAreaBytes : gemm::kStageAreaBytes;
   static constexpr unsigned shared_bytes = kControlBytes + 1024 + kAreaBytes;
-  // Split-K's last split loads the other partials beside its staged tile (sum_partials_bulk):
-  // at least one row of each must fit next to the widest staged tile.
-  static_assert(gemm::kStageAreaBytes - 128 * (256 * 4 + 16) >= (gemm::kMaxSplits - 1) * 256 * 4);
 
   struct Payload {
     gemm::GemmOperands const* ops;
@@ -188,7 +185,6 @@ struct GemmTileTask {
   static std::string pipeline_barrier_name(std::uint64_t which) {
     using gemm::kMaxStages;
     if (which == gemm::kDrainedBarrier) return "the staged-tile barrier";
-    if (which == gemm::kPartialsBarrier) return "the split-K partials barrier";
     return std::string(which < kMaxStages ? "full" : "empty") + " barrier of stage " +
            std::to_string(which % kMaxStages);
   }
@@ -312,10 +308,9 @@ struct GemmTileTask {
     sm.full = reinterpret_cast<std::uint64_t*>(raw);
     sm.empty = sm.full + kMaxStages;
     sm.drained = sm.empty + kMaxStages;
-    sm.partials = sm.drained + 1;
     sm.stages = reinterpret_cast<unsigned char*>(
         (reinterpret_cast<std::uintptr_t>(raw) + kControlBytes + 1023u) & ~std::uintptr_t{1023});
-    auto* const flag = reinterpret_cast<std::uint32_t*>(sm.partials + 1);
+    auto* const flag = reinterpret_cast<std::uint32_t*>(sm.drained + 1);
     unsigned const thread = threadIdx.x, warp = thread / 32u;
     impl::WarpTile const wt = impl::warp_tile(cfg, warp);
     // In the M split a warpgroup whose 64 rows are all invalid skips its MMAs.
@@ -325,12 +320,10 @@ struct GemmTileTask {
     // consumers borrow the producer warpgroup's (setmaxnreg), and both give them back at the end.
     constexpr bool kReconfigure = WN == 256;
 
-    // Where tile t of a run stages its finished (or, split-K, raw) rows: stages plan.first(t) on.
-    // A single-tile task stages at the start of the stage area.
-    impl::StagingPlan const plan =
-        impl::StagingPlan::make(cfg, job.k_block_count,
-                                cfg.block_m * (cfg.splits == 1 ? impl::finished_row_stride(op)
-                                                               : impl::staging_row_stride(cfg)));
+    // Where tile t of a run stages its finished rows: stages plan.first(t) on. A single-tile task
+    // stages at the start of the stage area.
+    impl::StagingPlan const plan = impl::StagingPlan::make(
+        cfg, job.k_block_count, cfg.block_m * impl::finished_row_stride(op));
 
     if (wgmma && thread == 0) {
       for (std::uint32_t s = 0; s < cfg.stages; ++s) {
@@ -338,7 +331,6 @@ struct GemmTileTask {
         ptx::mbarrier_init(sm.empty + s, kConsumerThreads / 32);
       }
       if constexpr (kRuns) ptx::mbarrier_init(sm.drained, kConsumerThreads / 32);
-      if (kSplitK && cfg.splits > 1) ptx::mbarrier_init(sm.partials, 1);
       ptx::fence_mbarrier_init();
     }
     __syncthreads();
@@ -380,7 +372,7 @@ struct GemmTileTask {
           impl::consume_tiles<WN>(acc, op, job, sm, ctx, warp, active, stage, phase);
         else
           impl::mma_sync_mainloop<WN, true>(acc, op, job, sm.stages, wt, active);
-        finish<WN>(acc, op, job, sm.stages, sm, wt, flag, ctx);
+        finish<WN>(acc, op, job, sm.stages, wt, flag, ctx);
       }
       for (std::uint32_t t = 0; kRuns && t < tiles; ++t) {
         impl::TileJob const tile = next_tile(job, cfg, t);
@@ -397,7 +389,7 @@ struct GemmTileTask {
           continue;
         }
         finish<WN>(acc, op, tile, wgmma ? sm.stages + plan.first(t) * cfg.stage_bytes() : sm.stages,
-                   sm, wt, flag, ctx);
+                   wt, flag, ctx);
         if (wgmma) {
           // This warp's reads of the staged tile come before the producer's TMA writes there.
           ptx::fence_proxy_async_shared();
@@ -422,7 +414,6 @@ struct GemmTileTask {
         ptx::mbarrier_inval(sm.empty + s);
       }
       if constexpr (kRuns) ptx::mbarrier_inval(sm.drained);
-      if (kSplitK && cfg.splits > 1) ptx::mbarrier_inval(sm.partials);
     }
   }
 
@@ -447,44 +438,27 @@ struct GemmTileTask {
   }
 
   // Consumer threads: the finished tile into the staging tile (reusing the stage area once both
-  // warpgroups are done with it; with split-K, after the raw tiles are summed), then the sink.
+  // warpgroups are done with it; with split-K, in the last split, after the partials are summed
+  // in registers), then the sink.
   template <int WN>
   __device__ static void finish(float (&acc)[WN / 2], gemm::GemmOperands const& op,
                                 gemm::impl::TileJob const& job, unsigned char* staging,
-                                gemm::impl::PipelineSmem const& sm, gemm::impl::WarpTile const& wt,
-                                std::uint32_t* flag, TaskContext& ctx) {
+                                gemm::impl::WarpTile const& wt, std::uint32_t* flag,
+                                TaskContext& ctx) {
     using namespace gemm;
-    unsigned const thread = threadIdx.x, warp = thread / 32u, lane = thread % 32u;
-    ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
-    std::uint32_t row_stride;
-    if (!kSplitK || op.config.splits == 1) {
-      impl::finish_fragments<WN>(acc, op, job, wt, lane, ptx::smem_address(staging));
-      row_stride = impl::finished_row_stride(op);
-    } else {
-      impl::stage_accumulators<WN>(acc, op.config, wt, lane, staging);
-      ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
-      if (!impl::publish_partial(op, job, staging, thread, flag)) return;
-      if (op.config.path == MmaPath::wgmma) {
-        // The other partials go to the larger part of the stage area beside the staged tile.
-        std::uint32_t const before = static_cast<std::uint32_t>(staging - sm.stages);
-        std::uint32_t const after =
-            kAreaBytes - before - op.config.block_m * impl::staging_row_stride(op.config);
-        unsigned char* const scratch = after >= before ? sm.stages + kAreaBytes - after : sm.stages;
-        if (!impl::sum_partials_bulk(op, job, staging, scratch, max(before, after), sm.partials,
-                                     ctx, thread))
-          return;
-      } else {
-        impl::sum_partials(op, job, staging, thread);
-      }
-      ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
-      impl::finish_rows(op, job, staging, warp, lane);
-      row_stride = impl::staging_row_stride(op.config);
+    unsigned const thread = threadIdx.x, lane = thread % 32u;
+    if (kSplitK && op.config.splits > 1) {
+      if (!impl::publish_partial<WN>(acc, op, job, wt, thread, flag)) return;
+      impl::add_partials<WN>(acc, op, job, wt, thread);
     }
     ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+    impl::finish_fragments<WN>(acc, op, job, wt, lane, ptx::smem_address(staging));
+    ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
     std::uint32_t const c_col0 = job.n_tile * op.out_tile_cols();
-    StagedTile const tile{
-        staging,        row_stride, job.rows, min(op.out_tile_cols(), op.n_out - c_col0),
-        op.out_bytes(), job.c_row0, c_col0,   job.sink_tag};
+    StagedTile const tile{staging,        impl::finished_row_stride(op),
+                          job.rows,       min(op.out_tile_cols(), op.n_out - c_col0),
+                          op.out_bytes(), job.c_row0,
+                          c_col0,         job.sink_tag};
     Sink::deliver(tile, op, ctx, thread);
   }
 #endif

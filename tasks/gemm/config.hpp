@@ -42,8 +42,6 @@ inline constexpr std::uint32_t kMaxStages = 8;
 // The pipeline barrier numbers a failed wait reports: full[s] is s, empty[s] is kMaxStages + s,
 // and this one the barrier on which the consumers say a run's staged tile is delivered.
 inline constexpr std::uint32_t kDrainedBarrier = 2 * kMaxStages;
-// And this one the barrier on which split-K's last split waits for the other partials' copies.
-inline constexpr std::uint32_t kPartialsBarrier = kDrainedBarrier + 1;
 // Stages, reused for the epilogue (a staged tile covers whole stages): 208 KB holds five 64x256
 // stages (40 KB each: one more in flight for the memory-bound short tiles than 192 KB) and leaves
 // the runtime and L1 the rest of the 227.

@@ -38,10 +38,11 @@ struct GemmDeviceModel {
   double hbm_bytes_per_us = 3.0e6;        // the whole GPU: 3.0 TB/s (H100 D2D copy; H200 ~4.3)
   double sm_stream_bytes_per_us = 5.0e4;  // one SM streaming from HBM: ~50 GB/s
   double task_overhead_us = 2.0;          // pipeline fill + epilogue per task (dispatch excluded)
-  // The split-K tail: a split tile ends when its last split has summed every partial, after
-  // the other splits' tasks. Skinny GEMMs on an H100 ran 2-9 µs slower split than unsplit with the
-  // same task count or fewer (docs/gemm.md, "Split-K and narrow tiles in the heuristic").
-  double split_tail_us = 5.0;
+  // The split-K tail: a split tile ends when its last split has added the others' partials into
+  // its registers, after the other splits' tasks. Since the partials are summed in registers the
+  // split shapes of the GEMM benchmark run 3-10 µs faster (H200; docs/gemm.md, "Split-K summed in
+  // registers"), and 1 µs puts each of them on its fastest measured tiling but one, 1 µs away.
+  double split_tail_us = 1.0;
   // A warpgroup's 64-column wgmma (tiles 128x64 and 64x128) against the wider ones: it reads as
   // many A bytes from shared memory for half the products. The fused MLP's second layer
   // (1024 x 1024, K = 4096) ran 12% slower on 128x64 tiles than on 128x128 split in two.

@@ -1,17 +1,14 @@
 // Device epilogue of the GEMM task, common to the wgmma and mma.sync paths (both give a warp the
 // same m16n8 fragment layout, ptx/wgmma.cuh).
 //
-// Without split-K, finish_fragments finishes each thread's accumulators where they are (bias,
-// activation, row scale, conversion; SwiGLU pairs a gate chunk with the up chunk the same thread
-// holds) and stores the finished values into a row-major staging tile in shared memory.
+// finish_fragments finishes each thread's accumulators where they are (bias, activation, row
+// scale, conversion; SwiGLU pairs a gate chunk with the up chunk the same thread holds) and
+// stores the finished values into a row-major staging tile in shared memory.
 //
-// Split-K sums raw tiles first, in two passes:
-//   1. stage_accumulators: each consumer warp stores its fragments as raw fp32 into the staging
-//      tile; publish_partial copies a split's raw tile to the workspace and counts it; the split
-//      that arrives last replaces its staged tile by the sum of all partials in split order
-//      (sum_partials_bulk: bulk copies into shared memory; sum_partials on the mma.sync path);
-//   2. finish_rows: warps sweep the summed tile row by row (16-byte accesses) with the same
-//      formulas and write each finished row in place at the start of its staging row.
+// Split-K first sums the raw accumulators in registers: every split stores its fragments to its
+// workspace partial in the fragments' own order and counts itself in (publish_partial); the split
+// that arrives last adds the others' partials into its accumulators in split order
+// (add_partials) and finishes them like an unsplit tile.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -21,7 +18,6 @@
 #include <type_traits>
 
 #include "runtime/atomic.hpp"
-#include "tasks/gemm/device/pipeline_wait.cuh"
 #include "tasks/gemm/device/tile_job.cuh"
 #include "tasks/gemm/epilogue_math.hpp"
 #include "tasks/gemm/ptx/smem.cuh"
@@ -33,12 +29,6 @@ namespace loom::tasks::gemm::impl {
 inline constexpr std::uint32_t kEpilogueBarrier = 1;  // named barrier of the consumer threads
 // Named barrier of the whole block: the consumers have given back the registers they borrowed.
 inline constexpr std::uint32_t kRegisterBarrier = 3;
-
-// Bytes between staged rows: block_n fp32 plus 16, so that the 8 rows one fragment store touches
-// spread over the banks. The finished row (block_n or block_n / 2 outputs) fits at its start.
-__device__ LOOM_INLINE std::uint32_t staging_row_stride(GemmConfig const& cfg) {
-  return cfg.block_n * 4u + 16u;
-}
 
 // Two floats as bf16 (round to nearest even), the first in the low half.
 __device__ LOOM_INLINE std::uint32_t pack_bf16x2(float lo, float hi) {
@@ -246,81 +236,38 @@ __device__ LOOM_INLINE void store_tile_boxes(float const (&acc)[WN / 2], GemmOpe
   });
 }
 
-// Split-K pass 1, one consumer warp: its 16 x WN fragment as fp32 into the staging tile.
-template <int WN>
-__device__ LOOM_INLINE void stage_accumulators(float const (&acc)[WN / 2], GemmConfig const& cfg,
-                                               WarpTile const& wt, unsigned lane,
-                                               unsigned char* staging) {
-  std::uint32_t const stride = staging_row_stride(cfg);
-  std::uint32_t const row = ptx::smem_address(staging) + (wt.row_base + lane / 4u) * stride +
-                            (wt.col_base + 2u * (lane % 4u)) * 4u;
-#pragma unroll
-  for (int j = 0; j < WN / 8; ++j) {
-    ptx::st_shared_v2_f32(row + j * 32, acc[4 * j], acc[4 * j + 1]);
-    ptx::st_shared_v2_f32(row + 8u * stride + j * 32, acc[4 * j + 2], acc[4 * j + 3]);
-  }
-}
-
-__device__ LOOM_INLINE float4 as_float4(uint4 v) {
-  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
-                     __uint_as_float(v.w));
-}
-__device__ LOOM_INLINE uint4 as_uint4(float4 v) {
-  return make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
-                    __float_as_uint(v.w));
-}
-
-// The staged raw tile of split-K, through the shared window: row r at base + r * stride, block_n
-// fp32 each. The consumer threads walk it by 16-byte vectors without dividing: thread t takes
-// vector column t % row_vectors of rows t / row_vectors, + 256 / row_vectors, ..., where
-// row_vectors = block_n / 4 = 1 << shift (16, 32 or 64). These passes run with 8 warps on the
-// SM, so every instruction of a pass's loop is paid in latency.
-struct RawTile {
-  std::uint32_t base, stride, shift;
-
-  __device__ LOOM_INLINE static RawTile of(GemmConfig const& cfg, unsigned char const* staging) {
-    return {ptx::smem_address(staging), staging_row_stride(cfg),
-            31u - static_cast<std::uint32_t>(__clz(cfg.block_n / 4u))};
-  }
-  __device__ LOOM_INLINE std::uint32_t at(std::uint32_t r, std::uint32_t v) const {
-    return base + r * stride + v * 16u;
-  }
-  // f(r, v, i) for this thread's vectors of rows [0, rows); i = (r << shift) + v, the vector's
-  // index in the packed layout of the workspace (block_n floats per row).
-  template <class F>
-  __device__ LOOM_INLINE void for_each(std::uint32_t rows, unsigned thread, F const& f) const {
-    std::uint32_t const v = thread & ((1u << shift) - 1u);
-    for (std::uint32_t r = thread >> shift; r < rows; r += kConsumerThreads >> shift)
-      f(r, v, (r << shift) + v);
-  }
-};
-
-// The workspace slot of a split-K tile: splits partials of block_m x block_n floats.
-__device__ LOOM_INLINE float* partial_tiles(GemmOperands const& op, TileJob const& job) {
+// Split-K's workspace: per slot, `splits` partials of block_m x block_n floats, each in the
+// consumers' fragment order: float4 j of consumer thread t (its accumulators 4 j .. 4 j + 3) at
+// vector j * kConsumerThreads + t, so that each warp's access to a vector is 512 contiguous bytes.
+__device__ LOOM_INLINE float4* partial_tiles(GemmOperands const& op, TileJob const& job) {
   GemmConfig const& cfg = op.config;
-  return op.workspace + std::size_t{job.slot} * cfg.splits * cfg.block_m * cfg.block_n;
+  return reinterpret_cast<float4*>(op.workspace +
+                                   std::size_t{job.slot} * cfg.splits * cfg.block_m * cfg.block_n);
 }
 
-// Split-K, all consumer threads after pass 1 and a consumer barrier: copies the valid rows of the
-// raw tile to this split's workspace slot, counts the split in, and returns true in the split
-// that arrives last (the counter is reset there for the next launch). `flag`: a shared word.
-// Thread 0 alone releases and acquires for the tile: the barriers order every consumer's accesses
-// around its own (fences are cumulative), where a fence in each thread would cost the tile
-// 256 device-scope fences.
-__device__ inline bool publish_partial(GemmOperands const& op, TileJob const& job,
-                                       unsigned char const* staging, unsigned thread,
-                                       std::uint32_t* flag) {
-  GemmConfig const cfg = op.config;
-  RawTile const raw = RawTile::of(cfg, staging);
-  auto* const mine = reinterpret_cast<uint4*>(partial_tiles(op, job) +
-                                              std::size_t{job.split} * cfg.block_m * cfg.block_n);
-  raw.for_each(job.rows, thread, [&](std::uint32_t r, std::uint32_t v, std::uint32_t i) {
-    __stcg(mine + i, ptx::ld_shared_v4(raw.at(r, v)));
-  });
+// Split-K, all consumer threads: stores this split's accumulators to its partial (warps whose
+// rows are all past the valid ones skip it: nobody reads those), counts the split in, and returns
+// true in the split that arrives last (the counter is reset there for the next launch). `flag`:
+// a shared word. Thread 0 alone releases and acquires for the tile: the barriers order every
+// consumer's accesses around its own (fences are cumulative), where a fence in each thread would
+// cost the tile 256 device-scope fences.
+template <int WN>
+__device__ LOOM_INLINE bool publish_partial(float const (&acc)[WN / 2], GemmOperands const& op,
+                                            TileJob const& job, WarpTile const& wt, unsigned thread,
+                                            std::uint32_t* flag) {
+  constexpr int kVectors = WN / 8;
+  if (wt.row_base < job.rows) {
+    float4* const mine =
+        partial_tiles(op, job) + std::size_t{job.split} * kVectors * kConsumerThreads + thread;
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j)
+      __stcg(mine + j * kConsumerThreads,
+             make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+  }
   ptx::named_barrier_sync(kEpilogueBarrier, kConsumerThreads);
   if (thread == 0) {
     std::uint32_t& counter = op.counters[job.slot];
-    bool const last = fetch_add_release(counter, 1u) == cfg.splits - 1u;
+    bool const last = fetch_add_release(counter, 1u) == op.config.splits - 1u;
     if (last) {
       store_relaxed(counter, 0u);
       fence_acquire();  // the other splits' partials, for every consumer past the barrier below
@@ -331,151 +278,73 @@ __device__ inline bool publish_partial(GemmOperands const& op, TileJob const& jo
   return *flag != 0u;
 }
 
-// Split-K, the last split, all consumer threads: rows [row0, row0 + rows) of the raw tile become
-// the sum of every split's partial, added in split order (the same bits whichever split finishes
-// last). Its own partial is the staged one; `other(s, i)` gives vector i (packed from row0) of
-// split s's.
-template <class Other>
-__device__ LOOM_INLINE void add_partials(std::uint32_t splits, std::uint32_t split,
-                                         RawTile const& raw, std::uint32_t row0, std::uint32_t rows,
-                                         unsigned thread, Other const& other) {
-  raw.for_each(rows, thread, [&](std::uint32_t r, std::uint32_t v, std::uint32_t i) {
-    std::uint32_t const at = raw.at(row0 + r, v);
-    float4 const own = as_float4(ptx::ld_shared_v4(at));
-    float4 sum = split == 0 ? own : other(0u, i);
-    for (std::uint32_t s = 1; s < splits; ++s) {
-      float4 const x = s == split ? own : other(s, i);
-      sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
-    }
-    ptx::st_shared_v4(at, as_uint4(sum));
-  });
+// Adds x to accumulators 4 j .. 4 j + 3 (a float4 of a partial).
+template <int N>
+__device__ LOOM_INLINE void add_vector(float (&acc)[N], int j, float4 x) {
+  acc[4 * j] += x.x, acc[4 * j + 1] += x.y, acc[4 * j + 2] += x.z, acc[4 * j + 3] += x.w;
 }
 
-// Split-K, the last split on the mma.sync path, after publish_partial: the other partials read
-// from the workspace by the consumer threads.
-__device__ inline void sum_partials(GemmOperands const& op, TileJob const& job,
-                                    unsigned char* staging, unsigned thread) {
-  GemmConfig const cfg = op.config;
-  std::uint32_t const tile_vectors = std::uint32_t{cfg.block_m} * cfg.block_n / 4u;
-  auto const* const tiles = reinterpret_cast<float4 const*>(partial_tiles(op, job));
-  add_partials(
-      cfg.splits, job.split, RawTile::of(cfg, staging), 0u, job.rows, thread,
-      [&](std::uint32_t s, std::uint32_t i) { return __ldcg(tiles + s * tile_vectors + i); });
-}
-
-// Split-K, the last split on the wgmma path, after publish_partial: thread 0 brings the other
-// partials into `scratch` (shared memory beside the staged tile) with one bulk copy per split, as
-// many rows at a time as fit, and the consumers add them from there: one round trip to L2 per
-// pass instead of one per few loads. Returns false when the copies' wait failed (recorded).
-__device__ inline bool sum_partials_bulk(GemmOperands const& op, TileJob const& job,
-                                         unsigned char* staging, unsigned char* scratch,
-                                         std::uint32_t scratch_bytes, std::uint64_t* bar,
-                                         TaskContext const& ctx, unsigned thread) {
-  GemmConfig const cfg = op.config;
-  RawTile const raw = RawTile::of(cfg, staging);
-  std::uint32_t const row_bytes = cfg.block_n * 4u, others = cfg.splits - 1u;
-  std::uint32_t const pass_rows = min(job.rows, scratch_bytes / (others * row_bytes));
-  std::uint32_t const loaded = ptx::smem_address(scratch), split = job.split;
-  float const* const tiles = partial_tiles(op, job);
-  std::uint32_t phase = 0;
-  for (std::uint32_t row0 = 0; row0 < job.rows; row0 += pass_rows, phase ^= 1u) {
-    std::uint32_t const rows = min(pass_rows, job.rows - row0), bytes = rows * row_bytes;
-    if (thread == 0) {
-      // The partials were stored by other blocks (generic proxy) and acquired by publish_partial.
-      ptx::fence_proxy_async_global();
-      ptx::mbarrier_arrive_expect_tx(bar, others * bytes);
-      for (std::uint32_t s = 0, into = 0; s < cfg.splits; ++s) {
-        if (s == split) continue;
-        ptx::bulk_load(scratch + into++ * bytes,
-                       tiles + (std::size_t{s} * cfg.block_m + row0) * cfg.block_n, bytes, bar);
-      }
-    }
-    if (!wait_barrier(bar, phase, ctx, kPartialsBarrier)) return false;
-    add_partials(cfg.splits, split, raw, row0, rows, thread, [&](std::uint32_t s, std::uint32_t i) {
-      return as_float4(ptx::ld_shared_v4(loaded + (s < split ? s : s - 1u) * bytes + i * 16u));
-    });
-    // Every thread's reads of the scratch come before the next pass's copies overwrite it.
-    ptx::fence_proxy_async_shared();
-    ptx::named_barrier_sync(kEpilogueBarrier, kConsumerThreads);
-  }
-  return true;
-}
-
-// Eight consecutive raw values at shared address `addr`.
-__device__ LOOM_INLINE void load8(float (&v)[8], std::uint32_t addr) {
-  float4 const x = as_float4(ptx::ld_shared_v4(addr)), y = as_float4(ptx::ld_shared_v4(addr + 16u));
-  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
-}
-
-__device__ LOOM_INLINE void add_bias8(float (&v)[8], float const* bias, std::uint32_t c,
-                                      std::uint32_t bias_cols) {
-  if (!bias || c >= bias_cols) return;
-  float4 const x = *reinterpret_cast<float4 const*>(bias + c);
-  float4 const y = *reinterpret_cast<float4 const*>(bias + c + 4);
-  v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w, v[4] += y.x, v[5] += y.y, v[6] += y.z,
-      v[7] += y.w;
-}
-
-// Split-K pass 2, all consumer threads (warp = 0..7) after a consumer barrier: finishes rows
-// [0, job.rows). A row's lanes each take 8 output columns (B columns 8 l.. for plain epilogues,
-// gate 16 l.. and up 16 l + 8.. for SwiGLU); they read before any of them writes (__syncwarp),
-// so the finished row can overwrite the start of its own staging row. Bias needs 16-byte
-// alignment of bias + expert * n + n0, which n % 8 == 0 gives for a cudaMalloc'd bias.
-__device__ inline void finish_rows(GemmOperands const& op, TileJob const& job,
-                                   unsigned char* staging, unsigned warp, unsigned lane) {
-  // The operand fields in registers before the loop, which runs on 8 warps.
-  GemmConfig const cfg = op.config;
-  GemmActivation const act = op.activation;
-  float const* const row_scale = op.row_scale;
-  bool const swiglu = act == GemmActivation::swiglu;
-  std::uint32_t const stride = staging_row_stride(cfg), base = ptx::smem_address(staging);
-  std::uint32_t const lanes_per_row = cfg.block_n / (swiglu ? 16u : 8u);  // 4 .. 32
-  std::uint32_t const rows_per_pass = 32u / lanes_per_row;
-  std::uint32_t const sub = lane / lanes_per_row, l = lane % lanes_per_row;
-  float const* const bias = tile_bias(op, job);
-  std::uint32_t const bias_cols = op.n - job.n0;
-  bool const bf16_out = op.output == OutputType::bf16;
-  for (std::uint32_t r0 = warp * rows_per_pass; r0 < job.rows; r0 += 8u * rows_per_pass) {
-    std::uint32_t const r = r0 + sub, row = base + r * stride;
-    bool const live = r < job.rows;
-    // The finished outputs, packed before the warp's reads end: bf16 in lo, fp32 in lo and hi.
-    uint4 lo{}, hi{};
-    if (live) {
-      float out[8];
-      float const scale = row_scale ? row_scale[job.a_row0 + r] : 1.0f;
-      if (swiglu) {
-        float gate[8], up[8];
-        load8(gate, row + 64u * l);
-        load8(up, row + 64u * l + 32u);
-        add_bias8(gate, bias, 16u * l, bias_cols);
-        add_bias8(up, bias, 16u * l + 8u, bias_cols);
+// Split-K, the last split: vectors [j0, j0 + kBatch) of its accumulators become the sum of
+// every split's partial, added in split order (the same bits whichever split finishes last; an
+// addition of two terms is the same either way round): the splits before this one summed apart
+// and added to its own, then each later one added in place.
+template <int WN, int kBatch>
+__device__ LOOM_INLINE void add_partial_batch(float (&acc)[WN / 2], float4 const* tiles,
+                                              std::uint32_t splits, std::uint32_t split, int j0) {
+  std::size_t const partial = std::size_t{WN / 8} * kConsumerThreads;
+  auto const load = [&](std::uint32_t s, int b) {
+    return __ldcg(tiles + s * partial + (j0 + b) * kConsumerThreads);
+  };
+  if (split > 0) {
+    float4 sum[kBatch];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = fast::swiglu(gate[i], up[i]) * scale;
-      } else {
-        load8(out, row + 32u * l);
-        add_bias8(out, bias, 8u * l, bias_cols);
+    for (int b = 0; b < kBatch; ++b) sum[b] = load(0, b);
+#pragma unroll 1
+    for (std::uint32_t s = 1; s < split; ++s) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = fast::activate(act, out[i]) * scale;
-      }
-      if (bf16_out) {
-        lo = make_uint4(pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]),
-                        pack_bf16x2(out[4], out[5]), pack_bf16x2(out[6], out[7]));
-      } else {
-        lo = as_uint4(make_float4(out[0], out[1], out[2], out[3]));
-        hi = as_uint4(make_float4(out[4], out[5], out[6], out[7]));
+      for (int b = 0; b < kBatch; ++b) {
+        float4 const x = load(s, b);
+        sum[b].x += x.x, sum[b].y += x.y, sum[b].z += x.z, sum[b].w += x.w;
       }
     }
-    __syncwarp();
-    if (live) {
-      if (bf16_out) {
-        ptx::st_shared_v4(row + l * 16u, lo);
-      } else {
-        ptx::st_shared_v4(row + l * 32u, lo);
-        ptx::st_shared_v4(row + l * 32u + 16u, hi);
-      }
-    }
-    __syncwarp();
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) add_vector(acc, j0 + b, sum[b]);
   }
+#pragma unroll 1
+  for (std::uint32_t s = split + 1; s < splits; ++s) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) add_vector(acc, j0 + b, load(s, b));
+  }
+}
+
+// Split-K, the last split, after publish_partial: every vector of its accumulators. Two splits
+// (the common case) add the other's partial in place, kBatch vectors' loads in flight at a time;
+// more splits go through add_partial_batch, whose run-time loops over the splits hold the 128x256
+// tile's accumulators beside one vector at a time (any more, and ptxas spilled values the K loops
+// read).
+template <int WN>
+__device__ LOOM_INLINE void add_partials(float (&acc)[WN / 2], GemmOperands const& op,
+                                         TileJob const& job, WarpTile const& wt, unsigned thread) {
+  constexpr int kVectors = WN / 8, kBatch = 8;
+  if (wt.row_base >= job.rows) return;
+  float4 const* const tiles = partial_tiles(op, job) + thread;
+  std::uint32_t const splits = op.config.splits, split = job.split;
+  if (splits == 2) {
+    float4 const* const other = tiles + (1u - split) * std::size_t{kVectors} * kConsumerThreads;
+#pragma unroll
+    for (int j0 = 0; j0 < kVectors; j0 += kBatch) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) x[b] = __ldcg(other + (j0 + b) * kConsumerThreads);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) add_vector(acc, j0 + b, x[b]);
+    }
+    return;
+  }
+  constexpr int kSplitBatch = WN == 256 ? 1 : kBatch;
+#pragma unroll
+  for (int j0 = 0; j0 < kVectors; j0 += kSplitBatch)
+    add_partial_batch<WN, kSplitBatch>(acc, tiles, splits, split, j0);
 }
 
 }  // namespace loom::tasks::gemm::impl

@@ -25,11 +25,10 @@
 namespace loom::tasks::gemm::impl {
 
 struct PipelineSmem {
-  std::uint64_t* full;      // [stages]
-  std::uint64_t* empty;     // [stages]
-  std::uint64_t* drained;   // one; 8 arrivals: the consumer warps have delivered a staged tile
-  std::uint64_t* partials;  // one, split-K: the last split's copies of the other partials
-  unsigned char* stages;    // 1024-byte aligned
+  std::uint64_t* full;     // [stages]
+  std::uint64_t* empty;    // [stages]
+  std::uint64_t* drained;  // one; 8 arrivals: the consumer warps have delivered a staged tile
+  unsigned char* stages;   // 1024-byte aligned
 };
 
 // Which stages tile t of a run stages its finished values in: `span` consecutive stages (enough
