@@ -273,14 +273,14 @@ std::vector<Case> all_cases() {
     Case f = make("wgmma_no_overlap_splitk_tile128x256", 128, 256, P::wgmma);
     f.overlap = 0, f.k = 1024, f.splits = 2;
     v.push_back(f);
-    // The last split loads the other four partials beside the widest staged tile, 19 rows at a
-    // time: up to seven passes through one barrier (K blocks 4, 4, 4, 4 and 2).
+    // More than two splits of the widest tile: the last split's run-time loops over the other
+    // four partials, one vector of its 128 accumulators at a time (K blocks 4, 4, 4, 4 and 2).
     Case g = make("wgmma_splitk5_tile128x256", 128, 256, P::wgmma, A::relu);
     g.k = 17 * 64 + 40, g.splits = 5;
     v.push_back(g);
     // Split-K in the run task type (as whole GEMMs use it), where a staged tile ends with the
-    // stage of its last K block: one K block per split stages it at stage 3 of 6 and the other
-    // partials go before it; five K blocks stage it at stage 2 and they go after it.
+    // stage of its last K block: one K block per split stages it at stage 3 of 6, five K blocks at
+    // stage 2.
     for (std::uint32_t per : {1u, 5u}) {
       Case h = make("wgmma_run_type_splitk3_kblocks" + std::to_string(per) + "_tile128x128", 128,
                     128, P::wgmma, A::gelu_tanh);
