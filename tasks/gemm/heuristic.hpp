@@ -13,8 +13,8 @@
 // it the lower raw time (more SMs streaming, fewer waves) wins the tie. Small-M problems thus get
 // narrow N tiles instead of leaving most SMs idle; large ones get 128x256 tiles. Split-K pays a
 // tail no streaming hides (the last split waits for the others' partials and sums them), so it is
-// chosen only where it saves more than that. The pipeline depth is the most stages of the chosen
-// tile that fit the 208 KB stage area.
+// chosen only where it saves more than that, and never more than two splits of the 128x256 tile.
+// The pipeline depth is the most stages of the chosen tile that fit the 208 KB stage area.
 #pragma once
 
 #include <cmath>
@@ -39,9 +39,10 @@ struct GemmDeviceModel {
   double sm_stream_bytes_per_us = 5.0e4;  // one SM streaming from HBM: ~50 GB/s
   double task_overhead_us = 2.0;          // pipeline fill + epilogue per task (dispatch excluded)
   // The split-K tail: a split tile ends when its last split has added the others' partials into
-  // its registers, after the other splits' tasks. Since the partials are summed in registers the
-  // split shapes of the GEMM benchmark run 3-10 µs faster (H200; docs/gemm.md, "Split-K summed in
-  // registers"), and 1 µs puts each of them on its fastest measured tiling but one, 1 µs away.
+  // its registers, after the other splits' tasks. Since the partials are summed in registers,
+  // split tilings run 11-23% faster (H200; docs/gemm.md, "Split-K summed in registers"), and with
+  // 1 µs the model picks the fastest measured tiling of every benchmarked skinny shape but
+  // 512 x 2048² (1 µs behind).
   double split_tail_us = 1.0;
   // A warpgroup's 64-column wgmma (tiles 128x64 and 64x128) against the wider ones: it reads as
   // many A bytes from shared memory for half the products. The fused MLP's second layer
@@ -72,6 +73,9 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
     double const fill_us = double(t.m + t.n) * kRowBytes / dev.l2_bytes_per_us;
     double const k_block_us = mma_us > fill_us ? mma_us : fill_us;
     for (std::uint32_t splits = 1; splits <= kMaxSplits && splits <= k_blocks; ++splits) {
+      // More than two splits of the 128x256 tile: its last split adds the others one vector at a
+      // time, a round trip to L2 each (impl::add_partials), so the model never picks them.
+      if (t.m == 128 && t.n == 256 && splits > 2) break;
       std::uint32_t const per = split_k_blocks_per(k_blocks, splits);
       if ((splits - 1) * per >= k_blocks) continue;  // the last split would be empty
       double const stream_us = double(t.n) * per * kRowBytes / dev.sm_stream_bytes_per_us;

@@ -424,6 +424,22 @@ TEST(GemmHeuristic, FewTilesOverALongKAreSplit) {
   EXPECT_EQ(g::config_problem(c, s.k), "");
 }
 
+// The 128x256 tile's last split adds more than one other partial a vector at a time, a round
+// trip to L2 each (docs/gemm.md, "Split-K summed in registers"): the model leaves it unsplit or
+// splits it in two, whatever the shape.
+TEST(GemmHeuristic, TheWidestTileIsSplitAtMostInTwo) {
+  for (std::uint32_t m : {64u, 200u, 384u, 768u, 4096u})
+    for (std::uint32_t n : {1024u, 2048u, 7168u, 16384u})
+      for (std::uint32_t k : {1024u, 7168u, 16384u, 65536u}) {
+        g::GemmShape s;
+        s.m = m, s.n = n, s.k = k;
+        g::GemmConfig const c = g::choose_gemm_config(s);
+        if (c.block_m == 128 && c.block_n == 256) {
+          EXPECT_LE(c.splits, 2) << m << "x" << n << "x" << k;
+        }
+      }
+}
+
 TEST(GemmHeuristic, EveryChoiceIsAValidConfiguration) {
   for (std::uint32_t m : {1u, 63u, 200u, 1000u, 5000u})
     for (std::uint32_t n : {8u, 136u, 1024u, 7168u})
