@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tasks/gemm/heuristic.hpp"
@@ -424,30 +426,38 @@ TEST(GemmHeuristic, FewTilesOverALongKAreSplit) {
   EXPECT_EQ(g::config_problem(c, s.k), "");
 }
 
+// f(shape, the model's choice for it) over every shape of the grid ms x ns x ks.
+template <class F>
+void for_each_choice(std::initializer_list<std::uint32_t> ms,
+                     std::initializer_list<std::uint32_t> ns,
+                     std::initializer_list<std::uint32_t> ks, F const& f) {
+  for (std::uint32_t m : ms)
+    for (std::uint32_t n : ns)
+      for (std::uint32_t k : ks) {
+        g::GemmShape s;
+        s.m = m, s.n = n, s.k = k;
+        SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+        f(s, g::choose_gemm_config(s));
+      }
+}
+
 // The 128x256 tile's last split adds more than one other partial a vector at a time, a round
 // trip to L2 each (docs/gemm.md, "Split-K summed in registers"): the model leaves it unsplit or
 // splits it in two, whatever the shape.
 TEST(GemmHeuristic, TheWidestTileIsSplitAtMostInTwo) {
-  for (std::uint32_t m : {64u, 200u, 384u, 768u, 4096u})
-    for (std::uint32_t n : {1024u, 2048u, 7168u, 16384u})
-      for (std::uint32_t k : {1024u, 7168u, 16384u, 65536u}) {
-        g::GemmShape s;
-        s.m = m, s.n = n, s.k = k;
-        g::GemmConfig const c = g::choose_gemm_config(s);
-        if (c.block_m == 128 && c.block_n == 256) {
-          EXPECT_LE(c.splits, 2) << m << "x" << n << "x" << k;
-        }
-      }
+  for_each_choice({64u, 200u, 384u, 768u, 4096u}, {1024u, 2048u, 7168u, 16384u},
+                  {1024u, 7168u, 16384u, 65536u}, [](g::GemmShape const&, g::GemmConfig const& c) {
+                    if (c.block_m == 128 && c.block_n == 256) {
+                      EXPECT_LE(c.splits, 2);
+                    }
+                  });
 }
 
 TEST(GemmHeuristic, EveryChoiceIsAValidConfiguration) {
-  for (std::uint32_t m : {1u, 63u, 200u, 1000u, 5000u})
-    for (std::uint32_t n : {8u, 136u, 1024u, 7168u})
-      for (std::uint32_t k : {8u, 64u, 200u, 4096u}) {
-        g::GemmShape s;
-        s.m = m, s.n = n, s.k = k;
-        EXPECT_EQ(g::config_problem(g::choose_gemm_config(s), k), "") << m << "x" << n << "x" << k;
-      }
+  for_each_choice({1u, 63u, 200u, 1000u, 5000u}, {8u, 136u, 1024u, 7168u}, {8u, 64u, 200u, 4096u},
+                  [](g::GemmShape const& s, g::GemmConfig const& c) {
+                    EXPECT_EQ(g::config_problem(c, s.k), "");
+                  });
 }
 
 }  // namespace
