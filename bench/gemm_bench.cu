@@ -84,10 +84,11 @@ double relative_difference(std::vector<g::Bf16> const& x, std::vector<g::Bf16> c
 
 // One traced launch of `graph` (LOOM_GEMM_TRACE set): the launch's wall time against the span of
 // its tasks, and the task durations, so fixed launch costs and per-tile costs can be told apart.
+template <class Pipeline>
 void print_trace(loom::Graph const& graph, std::uint32_t m, std::uint32_t n, std::uint32_t k) {
   loom::GpuOptions options;
   options.trace_capacity = static_cast<std::uint32_t>(graph.tasks.size()) + 64;
-  loom::GpuExecutor<GemmPipeline> ex(graph, options);
+  loom::GpuExecutor<Pipeline> ex(graph, options);
   ex.run();
   (void)ex.take_trace();
   EventTimer ev;
@@ -120,11 +121,19 @@ void print_trace(loom::Graph const& graph, std::uint32_t m, std::uint32_t n, std
       dur.back());
 }
 
+template <class Pipeline>
 struct InputSet {
   loom::DeviceBuffer<g::Bf16> a, b;
   std::unique_ptr<g::DeviceGemm> gemm;
-  std::unique_ptr<loom::GpuExecutor<GemmPipeline>> executor;
+  std::unique_ptr<loom::GpuExecutor<Pipeline>> executor;
 };
+
+// Times the GEMM of configuration `cfg` on run tasks of type Task (the wide type for the 128x224
+// tile) against cuBLAS, and sets the benchmark's counters and label.
+template <class Task>
+void time_gemm(benchmark::State& state, cudaDeviceProp const& prop, std::uint32_t m,
+               std::uint32_t n, std::uint32_t k, g::GemmConfig const& cfg, std::uint32_t chains,
+               std::uint32_t raster, std::uint32_t run);
 
 void BM_GemmVsCublas(benchmark::State& state) {
   if (loom::cuda_device_count() == 0) {
@@ -143,6 +152,7 @@ void BM_GemmVsCublas(benchmark::State& state) {
   shape.m = m, shape.n = n, shape.k = k;
   g::GemmDeviceModel model;
   model.processors = static_cast<std::uint32_t>(prop.multiProcessorCount) - 1;
+  model.wide_tile = true;  // its choice runs on GemmWideRunTile
   if (char const* max_n = std::getenv("LOOM_GEMM_MAX_BLOCK_N"))  // e.g. 128: no 128x256 tiles
     model.max_block_n = static_cast<std::uint32_t>(std::atoi(max_n));
   g::GemmConfig cfg = g::choose_gemm_config(shape, model);
@@ -177,10 +187,21 @@ void BM_GemmVsCublas(benchmark::State& state) {
   if (char const* r = std::getenv("LOOM_GEMM_RASTER")) raster = std::uint32_t(std::atoi(r));
   std::uint32_t run = g::choose_gemm_run(cfg, m, n, model);  // LOOM_GEMM_RUN: n tiles per task
   if (char const* r = std::getenv("LOOM_GEMM_RUN")) run = std::max(1, std::atoi(r));
+  if (cfg.wide())
+    time_gemm<loom::tasks::GemmWideRunTile>(state, prop, m, n, k, cfg, chains, raster, run);
+  else
+    time_gemm<loom::tasks::GemmRunTile>(state, prop, m, n, k, cfg, chains, raster, run);
+}
+
+template <class Task>
+void time_gemm(benchmark::State& state, cudaDeviceProp const& prop, std::uint32_t m,
+               std::uint32_t n, std::uint32_t k, g::GemmConfig const& cfg, std::uint32_t chains,
+               std::uint32_t raster, std::uint32_t run) {
+  using Pipeline = loom::Pipeline<Task>;
   double const set_bytes = 2.0 * (double(m) * k + double(n) * k);
   int const sets = std::clamp(int(std::ceil(2.0 * prop.l2CacheSize / set_bytes)), 2, 48);
   loom::DeviceBuffer<g::Bf16> c(std::size_t{m} * n), c_ref(std::size_t{m} * n);
-  std::vector<InputSet> in(sets);
+  std::vector<InputSet<Pipeline>> in(sets);
   loom::Graph graph0;
   for (int i = 0; i < sets; ++i) {
     in[i].a = loom::DeviceBuffer<g::Bf16>(std::size_t{m} * k);
@@ -192,16 +213,16 @@ void BM_GemmVsCublas(benchmark::State& state) {
     in[i].gemm = std::make_unique<g::DeviceGemm>(d, cfg);
     loom::GraphBuilder builder;
     std::uint32_t slot = 0;
-    g::add_gemm_tiles<GemmPipeline, loom::tasks::GemmRunTile>(
-        builder, *in[i].gemm, {0, 0, 0, m}, slot, loom::kNoEvent, {}, raster, chains, run);
+    g::add_gemm_tiles<Pipeline, Task>(builder, *in[i].gemm, {0, 0, 0, m}, slot, loom::kNoEvent, {},
+                                      raster, chains, run);
     loom::Graph graph = builder.build();
     if (i == 0) graph0 = graph;
-    in[i].executor = std::make_unique<loom::GpuExecutor<GemmPipeline>>(std::move(graph));
+    in[i].executor = std::make_unique<loom::GpuExecutor<Pipeline>>(std::move(graph));
   }
   loom::CublasHandle const owner;
   cublasHandle_t const handle = owner.get();
   float const alpha = 1.0f, beta = 0.0f;
-  auto cublas = [&](InputSet const& s, g::Bf16* out) {
+  auto cublas = [&](InputSet<Pipeline> const& s, g::Bf16* out) {
     // Column-major view: Cᵀ (n x m) = B (n x k, stored as k x n) ᵀ · Aᵀ (k x m).
     loom::check_cublas(
         cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, s.b.get(),
@@ -234,7 +255,7 @@ void BM_GemmVsCublas(benchmark::State& state) {
     cublas_s.push_back(t_cublas);
   }
   for (auto& s : in) s.executor->check();
-  if (std::getenv("LOOM_GEMM_TRACE")) print_trace(graph0, m, n, k);
+  if (std::getenv("LOOM_GEMM_TRACE")) print_trace<Pipeline>(graph0, m, n, k);
 
   double const flops = 2.0 * m * n * k;
   double const t_loom = median(loom_s), t_cublas = median(cublas_s);

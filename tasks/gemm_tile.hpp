@@ -66,7 +66,14 @@ struct GemmTileCoord {
 // A task type for GEMMs that never split K (kSplitK = false) compiles none of split-K's epilogue
 // and refuses split configurations: in a kernel of many task types, each instruction left out is
 // one fewer competing for the instruction cache.
-template <class Sink = gemm::LocalTileSink, bool kRuns = false, bool kSplitK = true>
+//
+// A wide task type (kWide) computes 128x224 tiles and only those (gemm::GemmConfig::wide): N =
+// 7168 = 32 x 224, an M-tile's 32 N-tiles where 256 columns give 28 and leave a seventh of 131
+// processors idle. It is a type of its own, so its kernel is one of its own: compiled beside the
+// other widths, the 224-column code took the kernel's local accesses from 179-187 to 282, and
+// 128x128 tiles split in two ran 1-5% slower (docs/gemm.md, "A 224-column tile").
+template <class Sink = gemm::LocalTileSink, bool kRuns = false, bool kSplitK = true,
+          bool kWide = false>
 struct GemmTileTask {
   static constexpr char const* name = "gemm_tile";
   static constexpr unsigned threads = gemm::kThreads;
@@ -121,6 +128,9 @@ struct GemmTileTask {
     if (t.count > 1 && !kRuns) fail("this task type takes one n tile per task (use GemmRunTile)");
     if (t.count > 1 && cfg.splits > 1) fail("a run of n tiles cannot be split along K");
     if (cfg.splits > 1 && !kSplitK) fail("this task type does not split K (kSplitK is false)");
+    if (cfg.wide() != kWide)
+      fail(kWide ? "a wide task type takes only 128x224 tiles"
+                 : "128x224 tiles run on the wide task types (GemmWideTile, GemmWideRunTile)");
     if (t.split >= cfg.splits) fail("split out of range (" + std::to_string(cfg.splits) + ")");
     if (cfg.splits > 1 && t.slot >= op.slots)
       fail("split-K slot " + std::to_string(t.slot) + " but the workspace has " +
@@ -166,7 +176,7 @@ struct GemmTileTask {
     return p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts || p.count == 0 ||
            p.n_tile + p.count > op.n_tiles() || p.split >= cfg.splits ||
            (p.count > 1 && (cfg.splits > 1 || !kRuns)) || (cfg.splits > 1 && !kSplitK) ||
-           std::uint64_t{p.a_row0} + p.rows > op.a_rows;
+           cfg.wide() != kWide || std::uint64_t{p.a_row0} + p.rows > op.a_rows;
   }
   LOOM_HD static std::uint64_t bad_payload_word(Payload const& p) {
     return std::uint64_t{p.expert} << 32 | std::uint64_t{p.count} << 16 | (p.n_tile & 0xFFFFu);
@@ -281,16 +291,20 @@ struct GemmTileTask {
     job.k_block_count = min(per, k_blocks - job.k_block_begin);
     job.sink_tag = p.sink_tag;
     job.b_l2 = p.b_l2;
-    switch (cfg.warp_n()) {
-      case 64:
-        run<64>(op, job, p.count, ctx);
-        break;
-      case 128:
-        run<128>(op, job, p.count, ctx);
-        break;
-      default:
-        run<256>(op, job, p.count, ctx);
-        break;
+    if constexpr (kWide) {
+      run<224>(op, job, p.count, ctx);
+    } else {
+      switch (cfg.warp_n()) {
+        case 64:
+          run<64>(op, job, p.count, ctx);
+          break;
+        case 128:
+          run<128>(op, job, p.count, ctx);
+          break;
+        default:
+          run<256>(op, job, p.count, ctx);
+          break;
+      }
     }
     // This thread's shared-memory writes and reads come before the next task's TMA writes.
     ptx::fence_proxy_async_shared();
@@ -316,9 +330,10 @@ struct GemmTileTask {
     // In the M split a warpgroup whose 64 rows are all invalid skips its MMAs.
     bool const active = cfg.split_n() || job.rows > 64u * (warp / 4u);
     bool const wgmma = cfg.path == MmaPath::wgmma;
-    // The 128x256 tile's 128 accumulators a thread need more than the 168 registers of entry: its
-    // consumers borrow the producer warpgroup's (setmaxnreg), and both give them back at the end.
-    constexpr bool kReconfigure = WN == 256;
+    // The 128x224 and 128x256 tiles' 112 and 128 accumulators a thread need more than the 168
+    // registers of entry: their consumers borrow the producer warpgroup's (setmaxnreg), and both
+    // give them back at the end.
+    constexpr bool kReconfigure = WN >= 224;
 
     // Where tile t of a run stages its finished rows: stages plan.first(t) on. A single-tile task
     // stages at the start of the stage area.
@@ -466,5 +481,7 @@ struct GemmTileTask {
 
 using GemmTile = GemmTileTask<>;
 using GemmRunTile = GemmTileTask<gemm::LocalTileSink, true>;
+using GemmWideTile = GemmTileTask<gemm::LocalTileSink, false, true, true>;
+using GemmWideRunTile = GemmTileTask<gemm::LocalTileSink, true, true, true>;
 
 }  // namespace loom::tasks

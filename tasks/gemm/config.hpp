@@ -4,13 +4,14 @@
 // Tile configurations (block_m x block_n, in rows of A x rows of B):
 //
 //   block_m = 128: "M split"  - consumer warpgroup g takes rows [64 g, 64 g + 64), all block_n
-//                               columns; block_n in {64, 128, 256}
+//                               columns; block_n in {64, 128, 224, 256}
 //   block_m =  64: "N split"  - both warpgroups take the 64 rows, warpgroup g columns
 //                               [g block_n/2, (g+1) block_n/2); block_n in {128, 256}
 //
-// so one warpgroup always computes a 64 x warp_n block with warp_n in {64, 128, 256}: the three
-// template instantiations of the mainloops. K advances in blocks of 64 (128 bytes of bf16, one
-// 128-byte swizzle row); stages and split-K are run-time values.
+// so one warpgroup always computes a 64 x warp_n block with warp_n in {64, 128, 224, 256}: the
+// template instantiations of the mainloops. The 128x224 tile ("wide") runs on task types of its
+// own (tasks/gemm_tile.hpp, kWide), the others on the rest. K advances in blocks of 64 (128 bytes
+// of bf16, one 128-byte swizzle row); stages and split-K are run-time values.
 #pragma once
 
 #include <cstdint>
@@ -73,20 +74,23 @@ inline constexpr std::uint32_t kMaxSplits = 16;
 
 struct GemmConfig {
   std::uint16_t block_m = 128;  // rows of A per tile: 64 or 128
-  std::uint16_t block_n = 256;  // rows of B (columns of the product) per tile: 64, 128 or 256
+  std::uint16_t block_n = 256;  // rows of B (columns of the product) per tile: 64..256
   std::uint8_t stages = 4;      // shared-memory pipeline depth (wgmma path), 2..kMaxStages
   std::uint8_t splits = 1;      // split-K factor: tiles are summed by the last split to finish
   MmaPath path = MmaPath::wgmma;
   std::uint8_t overlap = 1;  // wgmma: keep one K block's MMAs in flight while issuing the next
 
   LOOM_HD constexpr bool split_n() const { return block_m == 64; }
+  // The 128x224 tile, which only the wide task types run (GemmWideTile, GemmWideRunTile).
+  LOOM_HD constexpr bool wide() const { return block_n == 224; }
   // Columns one consumer warpgroup computes: the wgmma instruction's N.
   LOOM_HD constexpr std::uint32_t warp_n() const { return split_n() ? block_n / 2u : block_n; }
   LOOM_HD constexpr std::uint32_t a_stage_bytes() const { return block_m * kRowBytes; }
   LOOM_HD constexpr std::uint32_t b_stage_bytes() const { return block_n * kRowBytes; }
   LOOM_HD constexpr std::uint32_t stage_bytes() const { return a_stage_bytes() + b_stage_bytes(); }
   LOOM_HD constexpr bool shape_supported() const {
-    return (block_m == 128 && (block_n == 64 || block_n == 128 || block_n == 256)) ||
+    return (block_m == 128 &&
+            (block_n == 64 || block_n == 128 || block_n == 224 || block_n == 256)) ||
            (block_m == 64 && (block_n == 128 || block_n == 256));
   }
   // The deepest pipeline that fits the stage area.

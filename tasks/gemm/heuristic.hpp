@@ -2,7 +2,8 @@
 // plain arithmetic (every constant below is a measured or datasheet figure, named and commented;
 // docs/gemm.md has the measurements).
 //
-// For each candidate tile (128x256, 128x128, 64x256, 128x64, 64x128) and split-K factor:
+// For each candidate tile (128x256, 128x128, 64x256, 128x64, 64x128, and 128x224 where the caller
+// runs it on the wide task types: GemmDeviceModel::wide_tile) and split-K factor:
 //   k-block time = max(MMA time, time to fill the stage from L2)        one SM, one 64-deep K block
 //                  (64-column warpgroup tiles at a lower MMA rate)
 //   task time    = max(k blocks x k-block time, B bytes / one SM's HBM stream rate) + overhead
@@ -13,7 +14,8 @@
 // it the lower raw time (more SMs streaming, fewer waves) wins the tie. Small-M problems thus get
 // narrow N tiles instead of leaving most SMs idle; large ones get 128x256 tiles. Split-K pays a
 // tail no streaming hides (the last split waits for the others' partials and sums them), so it is
-// chosen only where it saves more than that, and never more than two splits of the 128x256 tile.
+// chosen only where it saves more than that, never for the 128x224 tile and never in more than
+// two for the 128x256 tile.
 // The pipeline depth is the most stages of the chosen tile that fit the 208 KB stage area.
 #pragma once
 
@@ -48,7 +50,10 @@ struct GemmDeviceModel {
   // many A bytes from shared memory for half the products. The fused MLP's second layer
   // (1024 x 1024, K = 4096) ran 12% slower on 128x64 tiles than on 128x128 split in two.
   double narrow_mma_efficiency = 0.6;
-  std::uint32_t max_block_n = 256;  // widest tile to consider (256 needs setmaxnreg)
+  std::uint32_t max_block_n = 256;  // widest tile to consider (224 and 256 need setmaxnreg)
+  // Also consider the 128x224 tile: set by a caller that runs that choice on the wide task types
+  // (GemmWideTile, GemmWideRunTile), which take no other tile.
+  bool wide_tile = false;
 };
 
 inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& dev = {},
@@ -56,7 +61,7 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
   struct Tile {
     std::uint16_t m, n;
   };
-  constexpr Tile kTiles[] = {{128, 256}, {128, 128}, {64, 256}, {128, 64}, {64, 128}};
+  constexpr Tile kTiles[] = {{128, 256}, {128, 224}, {128, 128}, {64, 256}, {128, 64}, {64, 128}};
   std::uint32_t const k_blocks = (s.k + kBlockK - 1) / kBlockK;
   double const floor_us =
       (2.0 * (double(s.m) * s.k + double(s.n) * s.k) + double(s.m) * s.n * s.out_bytes) /
@@ -64,7 +69,7 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
   GemmConfig best{};
   double best_score = INFINITY;
   for (Tile const t : kTiles) {
-    if (t.n > dev.max_block_n) continue;
+    if (t.n > dev.max_block_n || (t.n == 224 && !dev.wide_tile)) continue;
     double const m_tiles = std::ceil(double(s.m) / t.m), n_tiles = std::ceil(double(s.n) / t.n);
     double const rows_computed = t.m == 128 && s.m <= 64 ? 64.0 : t.m;  // idle warpgroup skips
     double const warp_n = t.m == 64 ? t.n / 2.0 : t.n;                  // GemmConfig::warp_n
@@ -73,8 +78,12 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
     double const fill_us = double(t.m + t.n) * kRowBytes / dev.l2_bytes_per_us;
     double const k_block_us = mma_us > fill_us ? mma_us : fill_us;
     for (std::uint32_t splits = 1; splits <= kMaxSplits && splits <= k_blocks; ++splits) {
-      // More than two splits of the 128x256 tile: its last split adds the others one vector at a
-      // time, a round trip to L2 each (impl::add_partials), so the model never picks them.
+      // The 128x224 tile serves compute-bound shapes unsplit (32 N-tiles of N = 7168 per M-tile):
+      // split in two it ran 1.5 µs behind unsplit 128x128 tiles at 256 x 7168² on an H200, where
+      // the model put it ahead. More than two splits of the 128x256 tile: its last split adds the
+      // others one vector at a time, a round trip to L2 each (impl::add_partials). The model never
+      // picks either.
+      if (t.m == 128 && t.n == 224 && splits > 1) break;
       if (t.m == 128 && t.n == 256 && splits > 2) break;
       std::uint32_t const per = split_k_blocks_per(k_blocks, splits);
       if ((splits - 1) * per >= k_blocks) continue;  // the last split would be empty

@@ -111,7 +111,7 @@ inline char const* to_string(MmaPath p) {
 inline std::string config_problem(GemmConfig const& cfg, std::uint32_t k) {
   if (!cfg.shape_supported())
     return "tile " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) +
-           " is not one of 128x64, 128x128, 128x256, 64x128, 64x256";
+           " is not one of 128x64, 128x128, 128x224, 128x256, 64x128, 64x256";
   if (cfg.path == MmaPath::wgmma && (cfg.stages < 2 || cfg.stages > cfg.max_stages()))
     return std::to_string(cfg.stages) + " stages of " + std::to_string(cfg.stage_bytes()) +
            " bytes: the wgmma pipeline needs 2.." + std::to_string(cfg.max_stages());

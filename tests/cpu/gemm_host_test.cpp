@@ -147,15 +147,17 @@ TEST(GemmHost, ActivationNamesRoundTrip) {
 }
 
 TEST(GemmHost, SplitKAndEveryTileShapeMatchFloat64) {
-  for (auto [bm, bn, splits] : {std::tuple{128, 64, 3}, std::tuple{128, 256, 1},
-                                std::tuple{64, 256, 2}, std::tuple{128, 128, 2}}) {
+  for (auto [bm, bn, splits] :
+       {std::tuple{128, 64, 3}, std::tuple{128, 256, 1}, std::tuple{64, 256, 2},
+        std::tuple{128, 128, 2}, std::tuple{128, 224, 1}, std::tuple{128, 224, 2}}) {
     HostGemm h;
     h.cfg.block_m = static_cast<std::uint16_t>(bm), h.cfg.block_n = static_cast<std::uint16_t>(bn);
     h.cfg.splits = static_cast<std::uint8_t>(splits);
     h.cfg.stages = static_cast<std::uint8_t>(h.cfg.max_stages());
     h.k = 328, h.n = 272, h.experts = 3, h.rows = {1, 0, 200};
     h.act = g::GemmActivation::swiglu, h.out = g::OutputType::fp32;
-    EXPECT_LT(run_host_gemm(h), 1e-5) << bm << "x" << bn << " split " << splits;
+    double const err = h.cfg.wide() ? run_host_gemm<tasks::GemmWideTile>(h) : run_host_gemm(h);
+    EXPECT_LT(err, 1e-5) << bm << "x" << bn << " split " << splits;
   }
 }
 
@@ -237,6 +239,31 @@ TEST(GemmHost, TaskTypesWithoutSplitKRefuseSplits) {
   NoSplit::Payload const p = NoSplit::payload(op, &op, t);
   EXPECT_FALSE(NoSplit::bad_payload(p, op));
   EXPECT_TRUE(NoSplit::bad_payload(p, split));  // operands changed after the payload was made
+}
+
+// The 128x224 tile has task types of their own (a kernel of their own), which take no other tile.
+TEST(GemmHost, WideTilesRunOnTheWideTaskTypesOnly) {
+  Fp32Operands const o(64, 448, 128);
+  g::GemmDesc const& d = o.d;
+  g::GemmConfig cfg;
+  cfg.block_m = 128, cfg.block_n = 224, cfg.stages = 4;
+  tasks::GemmTileCoord t;
+  t.rows = 64;
+  g::GemmOperands const wide = g::make_operands(d, cfg);
+  cfg.block_n = 128;
+  g::GemmOperands const narrow = g::make_operands(d, cfg);
+  EXPECT_NO_THROW(tasks::GemmWideTile::payload(wide, &wide, t));
+  EXPECT_NO_THROW(tasks::GemmWideRunTile::payload(wide, &wide, t));
+  EXPECT_NO_THROW(GemmTile::payload(narrow, &narrow, t));
+  EXPECT_TRUE(mentions(error_of([&] { GemmTile::payload(wide, &wide, t); }), "wide task types"));
+  EXPECT_TRUE(
+      mentions(error_of([&] { tasks::GemmRunTile::payload(wide, &wide, t); }), "wide task types"));
+  EXPECT_TRUE(mentions(error_of([&] { tasks::GemmWideTile::payload(narrow, &narrow, t); }),
+                       "only 128x224 tiles"));
+  // Operands changed after the payload was made: refused where the task runs, too.
+  EXPECT_TRUE(GemmTile::bad_payload(GemmTile::payload(narrow, &narrow, t), wide));
+  EXPECT_TRUE(
+      tasks::GemmWideTile::bad_payload(tasks::GemmWideTile::payload(wide, &wide, t), narrow));
 }
 
 // The wgmma pipeline is inlined into the kernel, never a call (ptxas would serialize it).
@@ -396,10 +423,11 @@ TEST(GemmHeuristic, BenchmarkedShapesGetTheirMeasuredTiling) {
   Case const cases[] = {
       {128, 2048, 2048, 2, 128, 64, 4},   {256, 2048, 2048, 2, 128, 64, 2},
       {512, 2048, 2048, 2, 128, 128, 2},  {128, 7168, 7168, 2, 128, 128, 2},
-      {256, 7168, 7168, 2, 128, 128, 1},  {512, 7168, 7168, 2, 128, 256, 1},
+      {256, 7168, 7168, 2, 128, 128, 1},  {512, 7168, 7168, 2, 128, 224, 1},
       {1024, 1024, 4096, 4, 128, 128, 2},  // the fused MLP example's second layer
   };
-  g::GemmDeviceModel const dev;
+  g::GemmDeviceModel dev;
+  dev.wide_tile = true;  // as the benchmark runs it
   for (Case const& e : cases) {
     g::GemmShape s;
     s.m = e.m, s.n = e.n, s.k = e.k, s.out_bytes = e.out_bytes;
@@ -430,27 +458,42 @@ TEST(GemmHeuristic, FewTilesOverALongKAreSplit) {
 template <class F>
 void for_each_choice(std::initializer_list<std::uint32_t> ms,
                      std::initializer_list<std::uint32_t> ns,
-                     std::initializer_list<std::uint32_t> ks, F const& f) {
+                     std::initializer_list<std::uint32_t> ks, F const& f,
+                     g::GemmDeviceModel const& dev = {}) {
   for (std::uint32_t m : ms)
     for (std::uint32_t n : ns)
       for (std::uint32_t k : ks) {
         g::GemmShape s;
         s.m = m, s.n = n, s.k = k;
         SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
-        f(s, g::choose_gemm_config(s));
+        f(s, g::choose_gemm_config(s, dev));
       }
 }
 
 // The 128x256 tile's last split adds more than one other partial a vector at a time, a round
-// trip to L2 each (docs/gemm.md, "Split-K summed in registers"): the model leaves it unsplit or
-// splits it in two, whatever the shape.
-TEST(GemmHeuristic, TheWidestTileIsSplitAtMostInTwo) {
-  for_each_choice({64u, 200u, 384u, 768u, 4096u}, {1024u, 2048u, 7168u, 16384u},
-                  {1024u, 7168u, 16384u, 65536u}, [](g::GemmShape const&, g::GemmConfig const& c) {
-                    if (c.block_m == 128 && c.block_n == 256) {
-                      EXPECT_LE(c.splits, 2);
-                    }
-                  });
+// trip to L2 each (docs/gemm.md, "Split-K summed in registers"), and the 128x224 tile split in two
+// ran behind unsplit 128x128 tiles ("A 224-column tile"): whatever the shape, the model splits
+// the first at most in two and never the second. It picks the second only when asked to.
+TEST(GemmHeuristic, TheWidestTilesAreSplitLittleOrNot) {
+  g::GemmDeviceModel wide;
+  wide.wide_tile = true;
+  std::uint32_t wide_picks = 0;
+  for (g::GemmDeviceModel const& dev : {g::GemmDeviceModel{}, wide})
+    for_each_choice(
+        {64u, 200u, 384u, 768u, 4096u}, {1024u, 2048u, 7168u, 16384u},
+        {1024u, 7168u, 16384u, 65536u},
+        [&](g::GemmShape const&, g::GemmConfig const& c) {
+          if (c.block_m == 128 && c.block_n == 256) {
+            EXPECT_LE(c.splits, 2);
+          }
+          if (c.wide()) {
+            EXPECT_TRUE(dev.wide_tile);
+            EXPECT_EQ(c.splits, 1);
+            ++wide_picks;
+          }
+        },
+        dev);
+  EXPECT_GT(wide_picks, 0u);
 }
 
 TEST(GemmHeuristic, EveryChoiceIsAValidConfiguration) {

@@ -21,8 +21,12 @@ namespace {
 namespace g = loom::tasks::gemm;
 using loom::tasks::GemmRunTile;
 using loom::tasks::GemmTile;
+using loom::tasks::GemmWideRunTile;
+using loom::tasks::GemmWideTile;
 using GemmPipeline = loom::Pipeline<GemmTile>;
 using GemmRunPipeline = loom::Pipeline<GemmRunTile>;
+using GemmWidePipeline = loom::Pipeline<GemmWideTile>;
+using GemmWideRunPipeline = loom::Pipeline<GemmWideRunTile>;
 
 struct Case {
   std::string name;
@@ -202,7 +206,12 @@ void run_case_with(Case const& c, int launches) {
 
 // Runs of N-tiles go through the run task type, single tiles through GemmTile.
 void run_case(Case const& c, int launches = 2) {
-  if (c.run > 1 || c.run_type)
+  bool const runs = c.run > 1 || c.run_type;
+  if (c.block_n == 224 && runs)
+    run_case_with<GemmWideRunPipeline, GemmWideRunTile>(c, launches);
+  else if (c.block_n == 224)
+    run_case_with<GemmWidePipeline, GemmWideTile>(c, launches);
+  else if (runs)
     run_case_with<GemmRunPipeline, GemmRunTile>(c, launches);
   else
     run_case_with<GemmPipeline, GemmTile>(c, launches);
@@ -231,7 +240,7 @@ std::vector<Case> all_cases() {
     std::string const p = g::to_string(path);
     // Every tile shape.
     for (auto [bm, bn] :
-         {std::pair<int, int>{128, 64}, {128, 128}, {128, 256}, {64, 128}, {64, 256}})
+         {std::pair<int, int>{128, 64}, {128, 128}, {128, 224}, {128, 256}, {64, 128}, {64, 256}})
       v.push_back(make(p + "_tile" + std::to_string(bm) + "x" + std::to_string(bn),
                        static_cast<std::uint16_t>(bm), static_cast<std::uint16_t>(bn), path));
     // Every epilogue, both output types.
@@ -242,6 +251,17 @@ std::vector<Case> all_cases() {
     // SwiGLU on the N split and the widest tile.
     v.push_back(make(p + "_swiglu_tile64x256", 64, 256, path, A::swiglu));
     v.push_back(make(p + "_swiglu_tile128x256", 128, 256, path, A::swiglu, O::fp32));
+    v.push_back(make(p + "_swiglu_tile128x224", 128, 224, path, A::swiglu));
+    // The 224-column tile split in two (28 accumulator vectors a thread, added 4 at a time) and
+    // in three (a vector at a time), with K not a multiple of 64.
+    {
+      Case c = make(p + "_splitk2_gelu_tile128x224", 128, 224, path, A::gelu_tanh, O::fp32);
+      c.k = 7 * 64 + 40, c.splits = 2;
+      v.push_back(c);
+      Case d = make(p + "_splitk3_tile128x224", 128, 224, path);
+      d.k = 9 * 64 + 8, d.splits = 3;
+      v.push_back(d);
+    }
     // Split-K, with K not a multiple of 64 and a short last split.
     {
       Case c = make(p + "_splitk3_gelu", 128, 64, path, A::gelu_tanh);
@@ -301,7 +321,7 @@ std::vector<Case> all_cases() {
   for (P path : {P::wgmma, P::mma_sync}) {
     std::string const p = std::string(g::to_string(path)) + "_run";
     for (auto [bm, bn] :
-         {std::pair<int, int>{128, 64}, {128, 128}, {128, 256}, {64, 128}, {64, 256}}) {
+         {std::pair<int, int>{128, 64}, {128, 128}, {128, 224}, {128, 256}, {64, 128}, {64, 256}}) {
       Case c = make(p + "3_tile" + std::to_string(bm) + "x" + std::to_string(bn),
                     static_cast<std::uint16_t>(bm), static_cast<std::uint16_t>(bn), path);
       c.run = 3;

@@ -319,13 +319,14 @@ __device__ LOOM_INLINE void add_partial_batch(float (&acc)[WN / 2], float4 const
 
 // Split-K, the last split, after publish_partial: every vector of its accumulators. Two splits
 // (the common case) add the other's partial in place, kBatch vectors' loads in flight at a time;
-// more splits go through add_partial_batch, whose run-time loops over the splits hold the 128x256
-// tile's accumulators beside one vector at a time (any more, and ptxas spilled values the K loops
-// read).
+// more splits go through add_partial_batch, whose run-time loops over the splits hold the 128x224
+// and 128x256 tiles' accumulators beside one vector at a time (any more, and ptxas spilled values
+// the K loops read at 128x256).
 template <int WN>
 __device__ LOOM_INLINE void add_partials(float (&acc)[WN / 2], GemmOperands const& op,
                                          TileJob const& job, WarpTile const& wt, unsigned thread) {
-  constexpr int kVectors = WN / 8, kBatch = 8;
+  constexpr int kVectors = WN / 8, kBatch = kVectors % 8 == 0 ? 8 : 4;  // 4 of 224's 28
+  static_assert(kVectors % kBatch == 0);
   if (wt.row_base >= job.rows) return;
   float4 const* const tiles = partial_tiles(op, job) + thread;
   std::uint32_t const splits = op.config.splits, split = job.split;
@@ -341,7 +342,7 @@ __device__ LOOM_INLINE void add_partials(float (&acc)[WN / 2], GemmOperands cons
     }
     return;
   }
-  constexpr int kSplitBatch = WN == 256 ? 1 : kBatch;
+  constexpr int kSplitBatch = WN >= 224 ? 1 : kBatch;
 #pragma unroll
   for (int j0 = 0; j0 < kVectors; j0 += kSplitBatch)
     add_partial_batch<WN, kSplitBatch>(acc, tiles, splits, split, j0);
