@@ -396,6 +396,8 @@ BENCHMARK(BM_GemmVsCublas)
     ->Args({128, 7168, 7168, 1, 1})
     ->Args({256, 7168, 7168, 1, 1})
     ->Args({512, 7168, 7168, 1, 1})
+    ->Args({1024, 7168, 7168, 1, 1})  // medium M at N = 7168: the 128x224 tile's other shapes
+    ->Args({2048, 7168, 7168, 1, 1})
     ->UseManualTime()
     ->Iterations(30)
     ->Unit(benchmark::kMicrosecond);
