@@ -152,7 +152,7 @@ void BM_GemmVsCublas(benchmark::State& state) {
   shape.m = m, shape.n = n, shape.k = k;
   g::GemmDeviceModel model;
   model.processors = static_cast<std::uint32_t>(prop.multiProcessorCount) - 1;
-  model.wide_tile = true;  // its choice runs on GemmWideRunTile
+  model.wide_tile = !std::getenv("LOOM_GEMM_NO_WIDE");  // its choice runs on GemmWideRunTile
   if (char const* max_n = std::getenv("LOOM_GEMM_MAX_BLOCK_N"))  // e.g. 128: no 128x256 tiles
     model.max_block_n = static_cast<std::uint32_t>(std::atoi(max_n));
   g::GemmConfig cfg = g::choose_gemm_config(shape, model);
@@ -404,4 +404,29 @@ BENCHMARK(BM_GemmVsCublas)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// LOOM_GEMM_SHAPES=MxNxK[,MxNxK...] adds those shapes (chained, overlap on) to BM_GemmVsCublas,
+// for sweeps of the heuristic beyond the fixed list; LOOM_GEMM_NO_WIDE=1 keeps the model from the
+// 128x224 tile (as a caller of the default task types sees it).
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (char const* list = std::getenv("LOOM_GEMM_SHAPES")) {
+    for (char const* at = list; *at;) {
+      unsigned m = 0, n = 0, k = 0;
+      int used = 0;
+      if (std::sscanf(at, "%ux%ux%u%n", &m, &n, &k, &used) != 3 || m == 0 || n == 0 || k == 0) {
+        std::fprintf(stderr, "LOOM_GEMM_SHAPES: expected MxNxK[,MxNxK...], at '%s'\n", at);
+        return 2;
+      }
+      benchmark::RegisterBenchmark("BM_GemmVsCublas", BM_GemmVsCublas)
+          ->Args({m, n, k, 1, 1})
+          ->UseManualTime()
+          ->Iterations(30)
+          ->Unit(benchmark::kMicrosecond);
+      at += used;
+      if (*at == ',') ++at;
+    }
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

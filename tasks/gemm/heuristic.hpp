@@ -5,7 +5,8 @@
 // For each candidate tile (128x256, 128x128, 64x256, 128x64, 64x128, and 128x224 where the caller
 // runs it on the wide task types: GemmDeviceModel::wide_tile) and split-K factor:
 //   k-block time = max(MMA time, time to fill the stage from L2)        one SM, one 64-deep K block
-//                  (64-column warpgroup tiles at a lower MMA rate)
+//                  (64-column warpgroup tiles at a lower MMA rate; the fill at one SM's rate or
+//                  at its share of the whole L2's, whichever is slower)
 //   task time    = max(k blocks x k-block time, B bytes / one SM's HBM stream rate) + overhead
 //                  (+ writing and re-reading fp32 partial tiles when split)
 //   raw          = ceil(tasks / processors) x task time                 waves of tasks
@@ -14,11 +15,14 @@
 // it the lower raw time (more SMs streaming, fewer waves) wins the tie. Small-M problems thus get
 // narrow N tiles instead of leaving most SMs idle; large ones get 128x256 tiles. Split-K pays a
 // tail no streaming hides (the last split waits for the others' partials and sums them), so it is
-// chosen only where it saves more than that, never for the 128x224 tile and never in more than
-// two for the 128x256 tile.
+// chosen only where the unsplit tiles would leave more than 40% of the processors idle and it saves
+// more than that tail, never for the 128x224 tile and never in more than two for the 128x256 tile.
+// The whole-L2 rate, the partials' rate and the 40% were fitted to a sweep of 16 shapes on an H200
+// (docs/gemm.md, "The heuristic's L2 ceiling"); the other figures are measured or datasheet ones.
 // The pipeline depth is the most stages of the chosen tile that fit the 208 KB stage area.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 
@@ -37,6 +41,10 @@ struct GemmDeviceModel {
   std::uint32_t processors = 131;         // persistent-kernel processor blocks (SMs - 1)
   double mma_flops_per_us = 6.0e6;        // one SM, bf16 dense: ~800 TFLOP/s / 132 (H100, H200)
   double l2_bytes_per_us = 1.0e5;         // one SM filling shared memory from L2: ~100 GB/s
+  double l2_total_bytes_per_us = 1.05e7;  // all SMs filling together: ~10 TB/s (fitted)
+  double partial_bytes_per_us = 6.7e4;    // one SM writing and re-reading fp32 partials (fitted)
+  // Split K only where the unsplit tiles occupy fewer processors than this share (fitted).
+  double split_below_occupancy = 0.6;
   double hbm_bytes_per_us = 3.0e6;        // the whole GPU: 3.0 TB/s (H100 D2D copy; H200 ~4.3)
   double sm_stream_bytes_per_us = 5.0e4;  // one SM streaming from HBM: ~50 GB/s
   double task_overhead_us = 2.0;          // pipeline fill + epilogue per task (dispatch excluded)
@@ -75,9 +83,9 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
     double const warp_n = t.m == 64 ? t.n / 2.0 : t.n;                  // GemmConfig::warp_n
     double const mma_rate = dev.mma_flops_per_us * (warp_n == 64 ? dev.narrow_mma_efficiency : 1.0);
     double const mma_us = 2.0 * rows_computed * t.n * kBlockK / mma_rate;
-    double const fill_us = double(t.m + t.n) * kRowBytes / dev.l2_bytes_per_us;
-    double const k_block_us = mma_us > fill_us ? mma_us : fill_us;
+    double const stage_bytes = double(t.m + t.n) * kRowBytes;
     for (std::uint32_t splits = 1; splits <= kMaxSplits && splits <= k_blocks; ++splits) {
+      if (splits > 1 && m_tiles * n_tiles >= dev.split_below_occupancy * dev.processors) break;
       // The 128x224 tile serves compute-bound shapes unsplit (32 N-tiles of N = 7168 per M-tile):
       // split in two it ran 1.5 µs behind unsplit 128x128 tiles at 256 x 7168² on an H200, where
       // the model put it ahead. More than two splits of the 128x256 tile: its last split adds the
@@ -87,11 +95,15 @@ inline GemmConfig choose_gemm_config(GemmShape const& s, GemmDeviceModel const& 
       if (t.m == 128 && t.n == 256 && splits > 2) break;
       std::uint32_t const per = split_k_blocks_per(k_blocks, splits);
       if ((splits - 1) * per >= k_blocks) continue;  // the last split would be empty
+      double const tasks = m_tiles * n_tiles * splits;
+      double const active = tasks < dev.processors ? tasks : double(dev.processors);
+      double const fill_us = std::max(stage_bytes / dev.l2_bytes_per_us,
+                                      active * stage_bytes / dev.l2_total_bytes_per_us);
+      double const k_block_us = mma_us > fill_us ? mma_us : fill_us;
       double const stream_us = double(t.n) * per * kRowBytes / dev.sm_stream_bytes_per_us;
       double task_us =
           (per * k_block_us > stream_us ? per * k_block_us : stream_us) + dev.task_overhead_us;
-      if (splits > 1) task_us += (1.0 + splits) * t.m * t.n * 4.0 / dev.l2_bytes_per_us;
-      double const tasks = m_tiles * n_tiles * splits;
+      if (splits > 1) task_us += (1.0 + splits) * t.m * t.n * 4.0 / dev.partial_bytes_per_us;
       double const raw = std::ceil(tasks / dev.processors) * task_us;
       double const score =
           (raw > floor_us ? raw : floor_us) + 0.1 * raw + (splits > 1 ? dev.split_tail_us : 0.0);
