@@ -383,6 +383,11 @@ void BM_GemmLaunchFloor(benchmark::State& state) {
 }
 BENCHMARK(BM_GemmLaunchFloor)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
 
+// How every BM_GemmVsCublas shape is timed: manual time (CUDA events), 30 iterations.
+void timed(benchmark::internal::Benchmark* b) {
+  b->UseManualTime()->Iterations(30)->Unit(benchmark::kMicrosecond);
+}
+
 // Arguments: m, n, k, overlap (1: one K block's wgmma group kept in flight, the default),
 // chained (1: one chain of tiles per processor, the default; 0: independent tile tasks).
 BENCHMARK(BM_GemmVsCublas)
@@ -398,9 +403,7 @@ BENCHMARK(BM_GemmVsCublas)
     ->Args({512, 7168, 7168, 1, 1})
     ->Args({1024, 7168, 7168, 1, 1})  // medium M at N = 7168: the 128x224 tile's other shapes
     ->Args({2048, 7168, 7168, 1, 1})
-    ->UseManualTime()
-    ->Iterations(30)
-    ->Unit(benchmark::kMicrosecond);
+    ->Apply(timed);
 
 }  // namespace
 
@@ -417,11 +420,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "LOOM_GEMM_SHAPES: expected MxNxK[,MxNxK...], at '%s'\n", at);
         return 2;
       }
-      benchmark::RegisterBenchmark("BM_GemmVsCublas", BM_GemmVsCublas)
-          ->Args({m, n, k, 1, 1})
-          ->UseManualTime()
-          ->Iterations(30)
-          ->Unit(benchmark::kMicrosecond);
+      timed(
+          benchmark::RegisterBenchmark("BM_GemmVsCublas", BM_GemmVsCublas)->Args({m, n, k, 1, 1}));
       at += used;
       if (*at == ',') ++at;
     }

@@ -1,6 +1,6 @@
 // Host: picks a GEMM's tile configuration from its shape and the device, by a small cost model in
-// plain arithmetic (every constant below is a measured or datasheet figure, named and commented;
-// docs/gemm.md has the measurements).
+// plain arithmetic (every constant below is a measured, datasheet or fitted figure, named and
+// commented; docs/gemm.md has the measurements).
 //
 // For each candidate tile (128x256, 128x128, 64x256, 128x64, 64x128, and 128x224 where the caller
 // runs it on the wide task types: GemmDeviceModel::wide_tile) and split-K factor:
