@@ -10,7 +10,7 @@ struct CpuEpMoELayer::Rank {
   std::vector<bf16> router, w1, w2, pool, h;
   std::vector<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
       row_source, rows_arrived, up_done, bin_rows, bin_tokens, send_next, sends_done, row_rank,
-      local_tokens, combine_list;
+      row_group, local_tokens, group_rows, group_pairs, group_size, group_tokens, combine_list;
   std::vector<std::uint64_t> last_sent;
   std::vector<std::int32_t> ids;
   std::vector<float> weights;
@@ -68,6 +68,7 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     m.block_pairs.assign(v.max_blocks, 0);
     m.row_source.assign(ep.pool_rows, 0);
     m.row_rank.assign(ep.pool_rows, 0);
+    m.row_group.assign(ep.pool_rows, 0);
     m.rows_arrived.assign(v.max_mtiles, 0);
     m.up_done.assign(v.max_mtiles, 0);
     m.bin_rows.assign(ep.bins(), 0);
@@ -76,7 +77,11 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     m.send_next.assign(1, 0);
     m.sends_done.assign(1, 0);
     m.local_tokens.assign(el, 0);
-    m.combine_list.assign(v.max_blocks, 0);
+    m.group_rows.assign(el, 0);
+    m.group_pairs.assign(el, 0);
+    m.group_size.assign(el, 0);
+    m.group_tokens.assign(std::size_t{el} * tokens, 0);
+    m.combine_list.assign(el, 0);
     m.ids.assign(tokens * k, -1);
     m.weights.assign(tokens * k, 0.0f);
     v.call = m.call.data();
@@ -97,21 +102,25 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
     v.y = heap_->local<bf16>(r, regions_.y);
     v.rows_arrived = m.rows_arrived.data();
     v.up_done = m.up_done.data();
-    v.block_done = heap_->local<std::uint32_t>(r, regions_.block_done);
     ep.inbox = heap_->local<std::uint32_t>(r, regions_.inbox);
     ep.inbox_flag = heap_->local<std::uint64_t>(r, regions_.inbox_flag);
     ep.ack = heap_->local<std::uint64_t>(r, regions_.ack);
     ep.chunks = heap_->local<ChunkRecord>(r, regions_.chunks);
     ep.recv_meta = heap_->local<RowMeta>(r, regions_.recv_meta);
     ep.recv_rows = heap_->local<bf16>(r, regions_.recv_rows);
-    ep.block_done = v.block_done;
+    ep.group_done = heap_->local<std::uint32_t>(r, regions_.group_done);
     ep.bin_rows = m.bin_rows.data();
     ep.bin_tokens = m.bin_tokens.data();
     ep.last_sent = m.last_sent.data();
     ep.send_next = m.send_next.data();
     ep.sends_done = m.sends_done.data();
     ep.row_rank = m.row_rank.data();
+    ep.row_group = m.row_group.data();
     ep.local_tokens = m.local_tokens.data();
+    ep.group_rows = m.group_rows.data();
+    ep.group_pairs = m.group_pairs.data();
+    ep.group_size = m.group_size.data();
+    ep.group_tokens = m.group_tokens.data();
     ep.combine_list = m.combine_list.data();
     ExpertSide const side{el, ep.pool_rows};
     auto const operands = [&](tasks::gemm::GemmDesc const& d, tasks::gemm::GemmConfig const& g) {
@@ -187,7 +196,7 @@ void CpuEpMoELayer::lower_counters() {
   for (auto& rank : ranks_) {
     Rank& m = *rank;
     for (auto* v : {&m.counts, &m.fill, &m.rows_arrived, &m.up_done, &m.bin_rows, &m.send_next,
-                    &m.sends_done})
+                    &m.sends_done, &m.group_rows, &m.group_pairs})
       std::fill(v->begin(), v->end(), 0u);
     std::fill(m.last_sent.begin(), m.last_sent.end(), 0u);
   }

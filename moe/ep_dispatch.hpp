@@ -22,6 +22,7 @@ LOOM_HD inline RowMeta row_meta_for(EpView const& ep, std::uint32_t token, std::
   MoEView const& v = ep.local;
   RowMeta m{};
   m.token = token;
+  m.group = static_cast<std::uint16_t>(combine_group(ep, token));
   std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
   for (std::uint32_t j = 0; j < v.top_k; ++j) {
     if (ids[j] < 0 || ep.rank_of(ids[j]) != d) continue;
@@ -54,6 +55,19 @@ LOOM_HD inline void bin_token(EpView const& ep, std::uint32_t token) {
   }
 }
 
+// Puts token t, of a token block with pairs, in its combine group: a ticket for its place in
+// the group's tokens, and its pairs added to the group's.
+LOOM_HD inline void group_token(EpView const& ep, std::uint32_t token) {
+  MoEView const& v = ep.local;
+  std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
+  std::uint32_t pairs = 0;
+  for (std::uint32_t j = 0; j < v.top_k; ++j) pairs += ids[j] >= 0 ? 1u : 0u;
+  std::uint32_t const g = combine_group(ep, token);
+  std::uint32_t const at = fetch_add_relaxed(ep.group_rows[g], 1u);
+  ep.group_tokens[std::size_t{g} * v.max_tokens + at] = token;
+  if (pairs != 0) fetch_add_relaxed(ep.group_pairs[g], pairs);
+}
+
 // Tokens and chunks rank d gets from this one: the sums over its bins. A share sums bins lane,
 // lane + lanes, ... (one thread: lanes = 1, all of them; a warp sums its lanes' shares).
 struct DestinationTotals {
@@ -71,8 +85,9 @@ LOOM_HD inline DestinationTotals totals_share(EpView const& ep, std::uint32_t d,
 }
 
 // Routes a route group (RouteTokens: route_blocks token blocks, payload `block` numbering the
-// groups), arms each block's result counter and puts the group's tokens in their bins
-// (bin_token: the plan's counts and the sends' order); then arrives on `routed`. The rows travel
+// groups) and puts the group's tokens in their bins (bin_token: the plan's counts and the sends'
+// order) and, those of blocks with pairs, in their combine groups (group_token; a block without
+// pairs has its combine from the route); then arrives on `routed`. The rows travel
 // later, in SendBlocks, so that every route of the rank (and with them the bins) is done before
 // the rows take the links.
 struct RouteBlock {
@@ -83,15 +98,6 @@ struct RouteBlock {
 
   static std::string describe_failure(std::uint32_t code, std::uint64_t token, std::uint64_t id) {
     return RouteTokens::describe_failure(code, token, id);
-  }
-
-  // Arms the block's result counter (kBlockComplete) once route has counted its pairs, before
-  // any of its rows leaves. A block without pairs stays unarmed: route emitted its combine.
-  LOOM_HD static void arm_block(EpView const& ep, std::uint32_t block) {
-    std::uint32_t const pairs = ep.local.block_pairs[block];
-    if (pairs != 0)
-      store_relaxed<std::uint32_t, cuda::thread_scope_system>(
-          ep.block_done[block], kBlockComplete - pairs * ep.local.down_tiles);
   }
 
   // Tokens of `block` in this call.
@@ -117,14 +123,17 @@ struct RouteBlock {
     if (ctx.failed()) return;
     for (std::uint32_t block = first; block < end; ++block) {
       std::uint32_t const t0 = block * v.token_block, n = block_tokens(v, block);
-      if (n != 0) arm_block(ep, block);
-      for (std::uint32_t t = t0; t < t0 + n; ++t) bin_token(ep, t);
+      bool const pairs = v.block_pairs[block] != 0;
+      for (std::uint32_t t = t0; t < t0 + n; ++t) {
+        bin_token(ep, t);
+        if (pairs) group_token(ep, t);
+      }
     }
     ctx.arrive(ep.routed_event);
   }
 
 #if defined(__CUDACC__)
-  // Route as RouteTokens and arm the blocks' counters; thread i bins the group's token i.
+  // Route as RouteTokens; thread i bins the group's token i and puts it in its combine group.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     MoEView const& v = ep.local;
@@ -134,9 +143,10 @@ struct RouteBlock {
     std::uint32_t const t1 = min(end * v.token_block, tokens);
     __syncthreads();  // the route's ids and the blocks' pairs are written
     if (!ctx.failed()) {
-      for (std::uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) bin_token(ep, t);
-      for (std::uint32_t block = first + threadIdx.x; block < end; block += blockDim.x)
-        if (block_tokens(v, block) != 0) arm_block(ep, block);
+      for (std::uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        bin_token(ep, t);
+        if (v.block_pairs[t / v.token_block] != 0) group_token(ep, t);
+      }
     }
     __syncthreads();
     if (threadIdx.x == 0 && !ctx.failed()) {
@@ -411,19 +421,44 @@ struct PlanDispatch {
     }
   }
 
-  // The unused combines retired, and the plan counted with the sends (SendBlocks::finish: the
-  // last lowers the bins). One thread, after the messages.
-  LOOM_HD static void finish(EpView const& ep, TaskContext& ctx) {
-    MoEView const& v = ep.local;
+  // Arms combine group g's counter for the call (kBlockComplete less the arrivals its pairs
+  // bring; a group without tokens stays unarmed), keeps its size and lowers the routes' counters.
+  // Returns the combine tasks the group takes: a token block's worth of its tokens each.
+  LOOM_HD static std::uint32_t arm_group(EpView const& ep, std::uint32_t g) {
+    std::uint32_t const size = load_relaxed(ep.group_rows[g]);
+    std::uint32_t const pairs = load_relaxed(ep.group_pairs[g]);
+    ep.group_size[g] = size;
+    ep.group_rows[g] = 0;
+    ep.group_pairs[g] = 0;
+    if (size == 0) return 0;
+    store_release<std::uint32_t, cuda::thread_scope_system>(
+        ep.group_done[g], kBlockComplete - pairs * ep.local.down_tiles);
+    return (size + ep.local.token_block - 1) / ep.local.token_block;
+  }
+  // Combines of the call's token blocks without pairs (their routes emitted them), block
+  // `lane`, `lane + lanes`, ...
+  LOOM_HD static std::uint32_t pairless_blocks(MoEView const& v, std::uint32_t lane,
+                                               std::uint32_t lanes) {
+    std::uint32_t const blocks = (v.call[0] + v.token_block - 1) / v.token_block;
+    std::uint32_t n = 0;
+    for (std::uint32_t b = lane; b < blocks; b += lanes) n += v.block_pairs[b] == 0 ? 1u : 0u;
+    return n;
+  }
+
+  // The unused combines retired (of `combines`, the call's: ep_dynamic_bound), and the plan
+  // counted with the sends (SendBlocks::finish: the last lowers the bins). One thread, after the
+  // messages.
+  LOOM_HD static void finish(EpView const& ep, std::uint32_t combines, TaskContext& ctx) {
     SendBlocks::finish(ep);
-    std::uint32_t const active_blocks = (v.call[0] + v.token_block - 1) / v.token_block;
-    ctx.retire(v.max_blocks - active_blocks);
+    ctx.retire(ep.local.max_blocks + ep.local_experts - combines);
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     SymmetricView const& heap = ctx.heap();
     std::uint32_t const words = ep.inbox_words();
+    std::uint32_t combines = pairless_blocks(ep.local, 0, 1);
+    for (std::uint32_t g = 0; g < ep.local_experts; ++g) combines += arm_group(ep, g);
     for (std::uint32_t d = 0; d < ep.world && !ep.skip_sends; ++d) {
       Watchdog dog = ctx.watchdog(WaitSite::signal, d);
       if (!SymmetricView::wait(&ep.ack[d], ep.last_sent[d], dog)) return;
@@ -436,17 +471,19 @@ struct PlanDispatch {
       ep.last_sent[d] = ctx.epoch();
     }
     keep_counts(ep.local, 0, 1);
-    finish(ep, ctx);
+    finish(ep, combines, ctx);
   }
 
 #if defined(__CUDACC__)
   // Warp w sums the bins of destinations w, w + warps, ... (a lane per bin); thread 0 waits until
-  // every peer has consumed the previous message; the block writes the messages and keeps the
-  // counts; thread 0 flags the messages, then finishes.
+  // every peer has consumed the previous message; the block arms the combine groups, writes the
+  // messages and keeps the counts; thread 0 flags the messages, then finishes.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *p.view;
     __shared__ bool sent;
+    __shared__ std::uint32_t combines;
     __shared__ DestinationTotals totals[kMaxRanks];
+    if (threadIdx.x == 0) combines = 0;
     std::uint32_t const world = ep.skip_sends ? 0u : ep.world;
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (std::uint32_t d = warp; d < world; d += blockDim.x / 32) {
@@ -464,6 +501,10 @@ struct PlanDispatch {
     }
     __syncthreads();
     if (!sent) return;
+    std::uint32_t mine = pairless_blocks(ep.local, threadIdx.x, blockDim.x);
+    for (std::uint32_t g = threadIdx.x; g < ep.local_experts; g += blockDim.x)
+      mine += arm_group(ep, g);
+    if (mine != 0) atomicAdd(&combines, mine);
     std::uint32_t const words = ep.inbox_words();
     SymmetricView const& heap = ctx.heap();
     std::uint32_t* const inbox = ep.inbox + std::size_t{ep.rank} * words;
@@ -479,7 +520,7 @@ struct PlanDispatch {
         heap.signal_set(d, &ep.inbox_flag[ep.rank], ctx.epoch());
         ep.last_sent[d] = ctx.epoch();
       }
-      finish(ep, ctx);
+      finish(ep, combines, ctx);
     }
   }
 #endif

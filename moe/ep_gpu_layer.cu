@@ -58,13 +58,18 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
       expert_slice(weights.down, std::size_t{config.hidden} * config.ffn, std::size_t{rank} * el,
                    el));
   row_rank_ = zeros<std::uint32_t>(rows);
+  row_group_ = zeros<std::uint32_t>(rows);
   bin_rows_ = zeros<std::uint32_t>(shape_.bins());
   bin_tokens_ = DeviceBuffer<std::uint32_t>(std::size_t{shape_.bins()} * config.max_tokens);
   last_sent_ = zeros<std::uint64_t>(world);
   send_next_ = zeros<std::uint32_t>(1);
   sends_done_ = zeros<std::uint32_t>(1);
   local_tokens_ = zeros<std::uint32_t>(el);
-  combine_list_ = zeros<std::uint32_t>(shape_.local.max_blocks);
+  group_rows_ = zeros<std::uint32_t>(el);
+  group_pairs_ = zeros<std::uint32_t>(el);
+  group_size_ = zeros<std::uint32_t>(el);
+  group_tokens_ = DeviceBuffer<std::uint32_t>(std::size_t{el} * config.max_tokens);
+  combine_list_ = zeros<std::uint32_t>(el);
 
   auto* const base = static_cast<unsigned char*>(heap.bases[rank]);
   auto at = [base](Region r) { return base + r.offset; };
@@ -73,21 +78,25 @@ GpuEpMoERank::GpuEpMoERank(MoEConfig const& config, MoEWeights const& weights, S
   MoEView& v = ep.local;
   buf_->bind(v);
   v.y = reinterpret_cast<bf16*>(at(regions.y));
-  v.block_done = reinterpret_cast<std::uint32_t*>(at(regions.block_done));
   ep.inbox = reinterpret_cast<std::uint32_t*>(at(regions.inbox));
   ep.inbox_flag = reinterpret_cast<std::uint64_t*>(at(regions.inbox_flag));
   ep.ack = reinterpret_cast<std::uint64_t*>(at(regions.ack));
   ep.chunks = reinterpret_cast<ChunkRecord*>(at(regions.chunks));
   ep.recv_meta = reinterpret_cast<RowMeta*>(at(regions.recv_meta));
   ep.recv_rows = reinterpret_cast<bf16*>(at(regions.recv_rows));
-  ep.block_done = v.block_done;
+  ep.group_done = reinterpret_cast<std::uint32_t*>(at(regions.group_done));
   ep.bin_rows = bin_rows_.get();
   ep.bin_tokens = bin_tokens_.get();
   ep.last_sent = last_sent_.get();
   ep.send_next = send_next_.get();
   ep.sends_done = sends_done_.get();
   ep.row_rank = row_rank_.get();
+  ep.row_group = row_group_.get();
   ep.local_tokens = local_tokens_.get();
+  ep.group_rows = group_rows_.get();
+  ep.group_pairs = group_pairs_.get();
+  ep.group_size = group_size_.get();
+  ep.group_tokens = group_tokens_.get();
   ep.combine_list = combine_list_.get();
   // One pair of GEMM operands per M-tile height, over the same buffers.
   ExpertSide const side{el, shape_.pool_rows};
@@ -191,6 +200,8 @@ void GpuEpMoERank::restart_at(std::uint64_t epoch) {
   send_next_.fill_bytes(0);
   sends_done_.fill_bytes(0);
   last_sent_.fill_bytes(0);
+  group_rows_.fill_bytes(0);
+  group_pairs_.fill_bytes(0);
 }
 
 std::vector<std::uint32_t> GpuEpMoERank::expert_tokens() const {

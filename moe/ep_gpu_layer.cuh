@@ -80,7 +80,8 @@ class GpuEpMoERank {
   int device_;
   EpView shape_;
   std::unique_ptr<LayerBuffers> buf_;  // allocated on device_
-  DeviceBuffer<std::uint32_t> row_rank_, local_tokens_, combine_list_;
+  DeviceBuffer<std::uint32_t> row_rank_, row_group_, local_tokens_, combine_list_;
+  DeviceBuffer<std::uint32_t> group_rows_, group_pairs_, group_size_, group_tokens_;
   DeviceBuffer<std::uint64_t> last_sent_;
   DeviceBuffer<std::uint32_t> bin_rows_, bin_tokens_, send_next_, sends_done_;  // see EpView
   struct Gemms {

@@ -63,6 +63,7 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, EpGemms const& g
   ep.local.combine_type = EpPipeline::id<CombineTokens>;
   ep.gather_type = EpPipeline::id<GatherArrivals>;
   ep.combine_batch_type = EpPipeline::id<CombineArrived>;
+  ep.combine_tile_type = EpPipeline::id<CombineGroupTile>;
   // A few processors send (kSendTasks, each claiming kSendClaim chunks at a time): over the
   // links they keep them busy while the rest gather and multiply what has landed, and one rank
   // copies its rows within its own memory as fast. Never more tasks than chunks can be: per
@@ -74,7 +75,8 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, EpGemms const& g
 
 std::uint32_t ep_dynamic_bound(EpView const& ep) {
   MoEView const& v = ep.local;
-  return ep.world * ep.chunk_capacity() + v.max_mtiles * (v.up_tiles + v.down_tiles) + v.max_blocks;
+  return ep.world * ep.chunk_capacity() + v.max_mtiles * (v.up_tiles + v.down_tiles) +
+         v.max_blocks + ep.local_experts;
 }
 
 Graph build_ep_graph(EpView const& shape, EpView const* view) {

@@ -12,8 +12,9 @@
 
 namespace loom::moe {
 
-using EpPipeline = Pipeline<RouteTile, RouteBlock, PlanDispatch, SendBlocks, GatherArrivals,
-                            ExpertUp, ExpertDownRemote, CombineTokens, CombineArrived>;
+using EpPipeline =
+    Pipeline<RouteTile, RouteBlock, PlanDispatch, SendBlocks, GatherArrivals, ExpertUp,
+             ExpertDownRemote, CombineTokens, CombineArrived, CombineGroupTile>;
 
 // Send tasks of a rank (fewer when it has fewer chunks), each claiming kSendClaim chunks at a
 // time (moe/ep_view.hpp). 24 x 4 leaves 40 processors more to the gathers and GEMMs than the
@@ -66,7 +67,8 @@ inline MoEView ep_short_view(MoEView v, tasks::gemm::GemmOperands const* up,
 }
 
 // Dynamic tasks one call may emit on a rank: a gather per possible chunk, every possible up and
-// down tile, a combine per token block.
+// down tile, and the combines: one per token block without pairs, one per token block's worth of
+// each combine group's tokens (at most max_blocks + E_local together).
 std::uint32_t ep_dynamic_bound(EpView const& shape);
 
 // The graph of one rank over a view that lives in the executor's memory at `view`.

@@ -1,10 +1,11 @@
 // The receiving side of expert parallelism: the subscriber's decoder turns what peers publish
-// into tasks (a gather per run of landed chunks; a combine per batch of own token blocks whose
+// into tasks (a gather per run of landed chunks; a combine per batch of own combine groups whose
 // results are all back), and GatherArrivals moves a chunk's rows into the expert pools. Protocol:
 // moe/ep_view.hpp.
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "moe/ep_dispatch.hpp"
 #include "moe/expert_tile.hpp"
@@ -61,6 +62,7 @@ struct GatherArrivals {
                     std::size_t{v.hidden} * sizeof(bf16));
         v.row_source[row] = meta.token * v.top_k + meta.slots[c];
         ep.row_rank[row] = p.source;
+        ep.row_group[row] = meta.group;
         GatherTokens::arrive(v, meta.experts[c], index, ctx);
       }
     }
@@ -70,18 +72,18 @@ struct GatherArrivals {
   // Slot c of a received row's RowMeta, from the meta's two 16-byte halves loaded at once (a peer
   // wrote them: through L2), fields taken by shifts so that nothing is indexed in local memory.
   struct MetaSlot {
-    std::uint32_t token, expert, slot, count;
+    std::uint32_t token, expert, slot, count, group;
   };
   __device__ static MetaSlot meta_slot(RowMeta const* meta, std::uint32_t c) {
     static_assert(offsetof(RowMeta, token) == 0 && offsetof(RowMeta, experts) == 4 &&
                   offsetof(RowMeta, slots) == 20 && offsetof(RowMeta, count) == 28 &&
-                  kMaxTopK == 8);
+                  offsetof(RowMeta, group) == 30 && kMaxTopK == 8);
     uint4 const lo = __ldcg(reinterpret_cast<uint4 const*>(meta));
     uint4 const hi = __ldcg(reinterpret_cast<uint4 const*>(meta) + 1);
     std::uint32_t const experts = c < 2 ? lo.y : c < 4 ? lo.z : c < 6 ? lo.w : hi.x;
     std::uint32_t const slots = c < 4 ? hi.y : hi.z;
     return {lo.x, (experts >> (16 * (c & 1u))) & 0xFFFFu, (slots >> (8 * (c & 3u))) & 0xFFu,
-            hi.w & 0xFFu};
+            hi.w & 0xFFu, hi.w >> 16};
   }
 
   // Thread i < rows * k claims the pool row of (row i / k, its i % k-th expert); the block copies
@@ -113,6 +115,7 @@ struct GatherArrivals {
       row_of[i] = GatherTokens::claim(v, static_cast<std::int32_t>(m.expert), index_of[i]);
       v.row_source[row_of[i]] = m.token * v.top_k + m.slot;
       ep.row_rank[row_of[i]] = p.source;
+      ep.row_group[row_of[i]] = m.group;
     }
     __syncthreads();
     fan_out_rows(reinterpret_cast<uint4 const*>(ep.recv_rows +
@@ -135,17 +138,60 @@ struct GatherArrivals {
 #endif
 };
 
-// Payload of a combine batch: the token blocks at combine_list[first, first + blocks), all
-// complete.
+// Payload of a combine task: tokens [tile * token_block, ...) of combine group `group`.
+struct GroupTilePayload {
+  EpView const* view;
+  std::uint32_t group;
+  std::uint32_t tile;
+};
+
+// A combine of a token block's worth of one complete combine group's tokens (CombineTokens over
+// the group's list).
+struct CombineGroupTile {
+  static constexpr char const* name = "ep_combine_tile";
+  static constexpr unsigned threads = CombineTokens::threads;
+  static constexpr unsigned shared_bytes = CombineTokens::shared_bytes;
+  static constexpr bool call_body = true;  // as CombineTokens
+  using Payload = GroupTilePayload;
+
+  // The plan kept the group's size, and the routes wrote its tokens, before the group was
+  // complete (read through L2 on the device: another actor wrote them this call).
+  LOOM_HD static std::uint32_t group_size(EpView const& ep, std::uint32_t group) {
+    return written_elsewhere(ep.group_size[group]);
+  }
+  LOOM_HD static std::uint32_t tiles(EpView const& ep, std::uint32_t group) {
+    return (group_size(ep, group) + ep.local.token_block - 1) / ep.local.token_block;
+  }
+  LOOM_HD static CombineTokens::Tokens tokens(Payload const& p) {
+    EpView const& ep = *p.view;
+    std::uint32_t const block = ep.local.token_block, first = p.tile * block;
+    std::uint32_t const left = group_size(ep, p.group) - first;
+    return {ep.group_tokens + std::size_t{p.group} * ep.local.max_tokens + first, 0,
+            left < block ? left : block};
+  }
+
+  static void host(Payload const& p, TaskContext&) {
+    CombineTokens::combine_host(p.view->local, tokens(p));
+  }
+#if defined(__CUDACC__)
+  __device__ static void device(Payload const& p, TaskContext&) {
+    CombineTokens::combine_device(p.view->local, tokens(p));
+  }
+#endif
+};
+
+// Payload of a combine batch: the combine groups at combine_list[first, first + groups), all
+// complete, at most kBatchGroups of them.
+inline constexpr std::uint32_t kBatchGroups = 32;
 struct CombineBatchPayload {
   EpView const* view;
   std::uint32_t first;
-  std::uint32_t blocks;
+  std::uint32_t groups;
 };
 
-// The combines of the complete token blocks the subscriber found together: the task emits one
-// combine (CombineTokens) for each listed block but the first, under one reservation, then
-// combines that one itself.
+// The combines of the complete groups the subscriber found together: the task emits a
+// CombineGroupTile for each of their tiles but the first, under one reservation, then combines
+// that one itself.
 struct CombineArrived {
   static constexpr char const* name = "ep_combine";
   static constexpr unsigned threads = CombineTokens::threads;
@@ -154,30 +200,46 @@ struct CombineArrived {
   static constexpr bool call_body = true;
   using Payload = CombineBatchPayload;
 
-  // Listed block i of the batch. The subscriber wrote the list before it emitted the task (read
+  // Listed group i of the batch. The subscriber wrote the list before it emitted the task (read
   // through L2 on the device: an earlier batch may have brought the line into this SM's L1).
   LOOM_HD static std::uint32_t listed(Payload const& p, std::uint32_t i) {
-    std::uint32_t const* const at = p.view->combine_list + p.first + i;
-#if LOOM_DEVICE_PASS
-    return __ldcg(at);
-#else
-    return *at;
-#endif
+    return written_elsewhere(p.view->combine_list[p.first + i]);
   }
-  LOOM_HD static Task rest(Payload const& p, std::uint32_t i) {
-    return encode_task(p.view->local.combine_type, BlockPayload{&p.view->local, listed(p, i + 1)});
+  // Tile i of the batch (its groups' tiles in list order), given each listed group's first tile
+  // (start, [groups + 1]).
+  LOOM_HD static GroupTilePayload tile(Payload const& p, std::uint32_t const* start,
+                                       std::uint32_t i) {
+    std::uint32_t const g = run_of(start, p.groups, i);
+    return {p.view, listed(p, g), i - start[g]};
+  }
+  LOOM_HD static Task rest(Payload const& p, std::uint32_t const* start, std::uint32_t i) {
+    return encode_task(p.view->combine_tile_type, tile(p, start, i + 1));
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
-    if (!ctx.emit_many(p.blocks - 1, [&](std::uint32_t i) { return rest(p, i); })) return;
-    CombineTokens::host(BlockPayload{&p.view->local, listed(p, 0)}, ctx);
+    std::vector<std::uint32_t> start(p.groups + 1, 0);
+    for (std::uint32_t g = 0; g < p.groups; ++g)
+      start[g + 1] = start[g] + CombineGroupTile::tiles(*p.view, listed(p, g));
+    if (!ctx.emit_many(start[p.groups] - 1,
+                       [&](std::uint32_t i) { return rest(p, start.data(), i); }))
+      return;
+    CombineGroupTile::host(tile(p, start.data(), 0), ctx);
   }
 #if defined(__CUDACC__)
+  // Thread 0 counts the listed groups' tiles.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    if (p.blocks > 1 &&
-        !ctx.emit_many_by_block(p.blocks - 1, [&](std::uint32_t i) { return rest(p, i); }))
+    __shared__ std::uint32_t start[kBatchGroups + 1];
+    if (threadIdx.x == 0) {
+      start[0] = 0;
+      for (std::uint32_t g = 0; g < p.groups; ++g)
+        start[g + 1] = start[g] + CombineGroupTile::tiles(*p.view, listed(p, g));
+    }
+    __syncthreads();
+    std::uint32_t const tiles = start[p.groups];
+    if (tiles > 1 &&
+        !ctx.emit_many_by_block(tiles - 1, [&](std::uint32_t i) { return rest(p, start, i); }))
       return;
-    CombineTokens::device(BlockPayload{&p.view->local, listed(p, 0)}, ctx);
+    CombineGroupTile::device(tile(p, start, 0), ctx);
   }
 #endif
 };
@@ -186,9 +248,9 @@ struct CombineArrived {
 // message, lays out the expert pools (offsets, M-tiles), gives back the unused dynamic bound,
 // and then, as chunk records land, emits one gather task per run of landed records of a source;
 // once all are taken, it acknowledges the messages. Role 1 (subscriber 1, or subscriber 0 too when
-// it is alone) emits the combines of the own token blocks whose (row, N-tile) arrivals are all in,
-// one task for all that one pass over the counters finds. A wait on one peer that makes no progress
-// for half the watchdog bound is reported naming that peer.
+// it is alone) emits the combines of the own combine groups whose (row, N-tile) arrivals are all
+// in, a task per kBatchGroups of those that one pass over the counters finds. A wait on one peer
+// that makes no progress for half the watchdog bound is reported naming that peer.
 //
 // One thread decodes, and each of its round trips to memory costs about a microsecond while the
 // GEMMs stream: it reads many words per round trip and publishes one descriptor per batch,
@@ -225,7 +287,7 @@ class EpDecoder {
 
   struct CombineState {
     std::uint64_t epoch = 0;
-    std::uint32_t listed = 0;  // blocks in combine_list this call
+    std::uint32_t listed = 0;  // groups in combine_list this call
   };
 
   LOOM_HD bool receive(TaskContext& ctx) {
@@ -335,7 +397,8 @@ class EpDecoder {
       for (std::uint32_t s = 0; s < world; ++s) {
         LOOM_UNROLL
         for (std::uint32_t i = 0; i < kPlanBatch; ++i)
-          if (e0 + i < experts) c[i] += peer_written(inbox[std::size_t{s} * words + 2 + e0 + i]);
+          if (e0 + i < experts)
+            c[i] += written_elsewhere(inbox[std::size_t{s} * words + 2 + e0 + i]);
       }
       LOOM_UNROLL
       for (std::uint32_t i = 0; i < kPlanBatch; ++i) {
@@ -352,7 +415,7 @@ class EpDecoder {
     offsets[experts] = rows;
     tile_base[experts] = tiles;
     for (std::uint32_t s = 0; s < world; ++s) {
-      receive_.chunks[s] = peer_written(inbox[std::size_t{s} * words + 1]);
+      receive_.chunks[s] = written_elsewhere(inbox[std::size_t{s} * words + 1]);
       chunks += receive_.chunks[s];
     }
     if (rows > ep.pool_rows) {
@@ -364,68 +427,60 @@ class EpDecoder {
                (v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles));
   }
 
-  // Emits the combines of the own token blocks whose counters read kBlockComplete, all of one
-  // pass as one CombineArrived task, and lowers their counters. The counters are read
-  // kCombineBatch at a time, the next batch's loads issued before this batch is looked at, so a
-  // pass costs about one round trip to memory however many blocks there are; the complete blocks
+  // Emits the combines of the own combine groups whose counters read kBlockComplete, up to
+  // kBatchGroups of them per CombineArrived task, and lowers their counters. The counters are
+  // read kCombineBatch at a time, the next batch's loads issued before this batch is looked at,
+  // so a pass costs about one round trip to memory per kCombineBatch groups; the complete groups
   // are appended to combine_list, and one acquire fence covers them all.
   LOOM_HD bool combine(TaskContext& ctx) {
     EpView const& ep = *view_;
-    MoEView const& v = ep.local;
     CombineState& st = combine_;
     std::uint64_t const epoch = ctx.epoch();
     if (st.epoch != epoch) {
       st = CombineState{};
       st.epoch = epoch;
     }
-    std::uint32_t* const done_words = ep.block_done;
+    std::uint32_t* const done_words = ep.group_done;
     std::uint32_t* const list = ep.combine_list;
-    std::uint32_t const blocks = (v.call[0] + v.token_block - 1) / v.token_block;
+    std::uint32_t const groups = ep.local_experts;
     std::uint32_t const first = st.listed;
     std::uint32_t listed = first;
     std::uint32_t next[kCombineBatch];
-    load_counters(done_words, 0, blocks, next);
-    for (std::uint32_t b0 = 0; b0 < blocks; b0 += kCombineBatch) {
+    load_counters(done_words, 0, groups, next);
+    for (std::uint32_t g0 = 0; g0 < groups; g0 += kCombineBatch) {
       std::uint32_t done[kCombineBatch];
       LOOM_UNROLL
       for (std::uint32_t i = 0; i < kCombineBatch; ++i) done[i] = next[i];
-      load_counters(done_words, b0 + kCombineBatch, blocks, next);
+      load_counters(done_words, g0 + kCombineBatch, groups, next);
       LOOM_UNROLL
       for (std::uint32_t i = 0; i < kCombineBatch; ++i) {
         if (done[i] != kBlockComplete) continue;
-        store_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i], 0u);
-        list[listed++] = b0 + i;
+        store_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[g0 + i], 0u);
+        list[listed++] = g0 + i;
       }
     }
     if (listed == first) return false;
-    // The results of the listed blocks came with the arrivals that completed them (release):
+    // The results of the listed groups came with the arrivals that completed them (release):
     // acquired here, released to the combines by the queue.
     fence_acquire<cuda::thread_scope_system>();
-    if (!ctx.emit(
-            encode_task(ep.combine_batch_type, CombineBatchPayload{view_, first, listed - first})))
-      return false;
+    for (std::uint32_t b = first; b < listed; b += kBatchGroups) {
+      std::uint32_t const n = listed - b < kBatchGroups ? listed - b : kBatchGroups;
+      if (!ctx.emit(encode_task(ep.combine_batch_type, CombineBatchPayload{view_, b, n})))
+        return false;
+    }
     st.listed = listed;
     return true;
   }
 
-  // Counters [b0, b0 + kCombineBatch) into `done` (0 past `blocks`), every load issued before
+  // Counters [g0, g0 + kCombineBatch) into `done` (0 past `groups`), every load issued before
   // any is used.
-  LOOM_HD static void load_counters(std::uint32_t* done_words, std::uint32_t b0,
-                                    std::uint32_t blocks, std::uint32_t (&done)[kCombineBatch]) {
+  LOOM_HD static void load_counters(std::uint32_t* done_words, std::uint32_t g0,
+                                    std::uint32_t groups, std::uint32_t (&done)[kCombineBatch]) {
     LOOM_UNROLL
     for (std::uint32_t i = 0; i < kCombineBatch; ++i)
-      done[i] = b0 + i < blocks
-                    ? load_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[b0 + i])
+      done[i] = g0 + i < groups
+                    ? load_relaxed<std::uint32_t, cuda::thread_scope_system>(done_words[g0 + i])
                     : 0u;
-  }
-
-  // A word a peer wrote before a release this thread has acquired (read from L2 on the device).
-  LOOM_HD static std::uint32_t peer_written(std::uint32_t const& word) {
-#if LOOM_DEVICE_PASS
-    return __ldcg(&word);
-#else
-    return load_relaxed(word);
-#endif
   }
 
   EpView const* view_ = nullptr;

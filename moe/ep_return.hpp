@@ -1,7 +1,7 @@
 // The way back of expert parallelism: the down-projection tile puts each finished row straight
 // into its source rank's y[slot][token] (the GEMM sink), then counts one arrival per (row,
-// N-tile) on the source's counter of the row's token block. The source's subscriber emits the
-// block's combine when the counter is complete (moe/ep_receive.hpp).
+// N-tile) on the source's counter of the row's combine group. The source's subscriber emits the
+// group's combines when the counter is complete (moe/ep_receive.hpp).
 #pragma once
 
 #include "moe/ep_view.hpp"
@@ -52,30 +52,26 @@ struct ExpertDownRemote {
     return RemoteDownGemm::describe_failure(code, a, b);
   }
 
-  LOOM_HD static std::uint32_t block_of(EpView const& ep, std::uint32_t row) {
-    return ep.local.row_source[row] / ep.local.top_k / ep.local.token_block;
-  }
-
   static void host(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *reinterpret_cast<EpView const*>(p.view);
     auto const tag = reinterpret_cast<std::uint64_t>(&ep);
     RemoteDownGemm::host(gemm_tile<RemoteDownGemm>(p, p.ops, tag), ctx);
     if (ctx.failed()) return;
-    // One arrival per row, aggregated over runs of rows bound for the same (rank, block).
+    // One arrival per row, aggregated over runs of rows bound for the same (rank, group).
     std::uint32_t r = 0;
     while (r < p.rows) {
-      std::uint32_t const source = ep.row_rank[p.row0 + r], block = block_of(ep, p.row0 + r);
+      std::uint32_t const source = ep.row_rank[p.row0 + r], group = ep.row_group[p.row0 + r];
       std::uint32_t n = 0;
-      while (r < p.rows && ep.row_rank[p.row0 + r] == source && block_of(ep, p.row0 + r) == block)
+      while (r < p.rows && ep.row_rank[p.row0 + r] == source && ep.row_group[p.row0 + r] == group)
         ++r, ++n;
       fetch_add_acq_rel<std::uint32_t, cuda::thread_scope_system>(
-          *ctx.heap().peer(source, &ep.block_done[block]), n);
+          *ctx.heap().peer(source, &ep.group_done[group]), n);
     }
   }
 #if defined(__CUDACC__)
   // After a block barrier (every thread's puts happen before it), one thread per row arrives
   // with a system-scope release add, which makes the whole tile's puts visible with it; threads
-  // of a warp bound for the same (rank, block) add together through their lowest lane.
+  // of a warp bound for the same (rank, group) add together through their lowest lane.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     EpView const& ep = *reinterpret_cast<EpView const*>(p.view);
     auto const tag = reinterpret_cast<std::uint64_t>(&ep);
@@ -84,12 +80,12 @@ struct ExpertDownRemote {
     unsigned const rows_mask = __ballot_sync(0xFFFFFFFFu, threadIdx.x < p.rows);
     if (threadIdx.x < p.rows) {
       std::uint32_t const row = p.row0 + threadIdx.x;
-      std::uint32_t const source = ep.row_rank[row], block = block_of(ep, row);
-      unsigned const group = __match_any_sync(rows_mask, (source << 24) | block);
-      if ((threadIdx.x % 32) == static_cast<unsigned>(__ffs(group) - 1))
+      std::uint32_t const source = ep.row_rank[row], group = ep.row_group[row];
+      unsigned const same = __match_any_sync(rows_mask, (source << 24) | group);
+      if ((threadIdx.x % 32) == static_cast<unsigned>(__ffs(same) - 1))
         fetch_add_release<std::uint32_t, cuda::thread_scope_system>(
-            *ctx.heap().peer(source, &ep.block_done[block]),
-            static_cast<std::uint32_t>(__popc(group)));
+            *ctx.heap().peer(source, &ep.group_done[group]),
+            static_cast<std::uint32_t>(__popc(same)));
     }
   }
 #endif

@@ -6,8 +6,9 @@
 //   route   (per token block of r): top-k routing (as the single-GPU layer); each token placed,
 //           once per destination rank d holding one of its experts, in the bin of its lowest
 //           local expert there
-//   plan    (after every route on r): a counts message to each rank: tokens and chunks it will
-//           get from r, pairs per local expert; release-flagged with the epoch
+//   plan    (after every route on r): arms the combine groups' counters; then a counts message
+//           to each rank: tokens and chunks it will get from r, pairs per local expert;
+//           release-flagged with the epoch
 //   send    (after every route on r): the bins in expert order (local expert 0 of every rank,
 //           then 1, ...), a chunk of at most one token block's rows at a time: every token goes
 //           once to each rank that holds one of its experts: its row and a RowMeta (token, local
@@ -20,10 +21,15 @@
 //   gather  (per chunk): recv rows into the expert pools; the last row of an M-tile emits its
 //           up-projection row (as the single-GPU layer)
 //   up / down (GEMM tiles): down rows are put straight into the source rank's y[slot][token]
-//           (bf16), then one remote arrival per (row, N-tile) on the source's block counter,
-//           which the block's route armed at kBlockComplete minus the arrivals it expects
-//   combine (per token block, on the source rank, emitted by its subscriber when the block's
-//           counter reads kBlockComplete): out[t] = sum_j w[t,j] y[j][t] in top-k order
+//           (bf16), then one remote arrival per (row, N-tile) on the source's counter of the
+//           token's combine group, which the plan armed at kBlockComplete minus the arrivals it
+//           expects
+//   combine (per combine group, on the source rank, emitted by its subscriber when the group's
+//           counter reads kBlockComplete): out[t] = sum_j w[t,j] y[j][t] in top-k order, a
+//           token block's worth of the group's tokens a task. A token's combine group is the
+//           highest local expert index among its experts: every rank computes its experts in
+//           that order, so group g is complete once the ranks are past their local expert g,
+//           and the combines run beside the later experts' down tiles
 //
 // Every remote byte has exactly one writer (docs/ep.md states the layout; a property test checks
 // it): recv areas, meta and chunk records are indexed by source rank, then by a slot that source
@@ -44,7 +50,8 @@ struct RowMeta {
   std::uint16_t experts[kMaxTopK];  // local expert ids on the destination
   std::uint8_t slots[kMaxTopK];     // top-k slot of each
   std::uint8_t count;
-  std::uint8_t pad_[3];
+  std::uint8_t pad_;
+  std::uint16_t group;  // the token's combine group on its source (combine_group)
 };
 static_assert(sizeof(RowMeta) == 32);
 
@@ -66,14 +73,14 @@ struct EpHeapRegions {
   Region recv_meta;   // [P][max_tokens] RowMeta, per source
   Region recv_rows;   // [P][max_tokens][H] bf16, per source
   Region y;           // [k][max_tokens][H] bf16: expert outputs for this rank's own tokens
-  Region block_done;  // [max_blocks] u32: per own token block, armed by its route (see below)
+  Region group_done;  // [E_local] u32: per combine group of own tokens, armed by the plan
 };
 
-// A token block's counter (EpHeapRegions::block_done) reads this once every (row, down N-tile)
-// result of the block is back: its route arms it at kBlockComplete - pairs x N-tiles before any
-// row leaves, each arrival adds, and the subscriber lowers it to 0 when it emits the combine. A
-// block with no pairs is never armed (its route emits its combine). No armed count reaches the
-// value: pairs x N-tiles is far below 2^31.
+// A combine group's counter (EpHeapRegions::group_done) reads this once every (row, down
+// N-tile) result of its tokens is back: the plan arms it at kBlockComplete - pairs x N-tiles
+// before any row leaves, each arrival adds, and the subscriber lowers it to 0 when it emits the
+// group's combines. A group without tokens is never armed; one whose tokens have no pairs is
+// armed complete. No armed count reaches the value: pairs x N-tiles is far below 2^31.
 inline constexpr std::uint32_t kBlockComplete = 0x80000000u;
 
 struct EpView {
@@ -88,6 +95,7 @@ struct EpView {
   std::uint32_t pool_rows;           // capacity of the expert pool
   std::uint16_t gather_type;         // task type id of GatherArrivals
   std::uint16_t combine_batch_type;  // task type id of CombineArrived
+  std::uint16_t combine_tile_type;   // task type id of CombineGroupTile
   std::uint32_t routed_event;        // fires when every route on this rank is done
   std::uint32_t skip_sends;          // test hook: 1 = this rank never sends (a silent peer)
   std::uint32_t send_tasks;          // ep_send tasks: each sends the next chunks of the order
@@ -99,7 +107,7 @@ struct EpView {
   ChunkRecord* chunks;
   RowMeta* recv_meta;
   bf16* recv_rows;
-  std::uint32_t* block_done;  // the same words as local.block_done
+  std::uint32_t* group_done;
 
   // Rank-local.
   std::uint32_t* bin_rows;      // [P][E_local] tokens of each bin this call (routes add)
@@ -108,8 +116,16 @@ struct EpView {
   std::uint32_t* sends_done;    // [1] send tasks and plan of this call that have finished
   std::uint64_t* last_sent;     // [P] epoch of the last counts message sent to each peer
   std::uint32_t* row_rank;      // [pool_rows] source rank of each pool row
+  std::uint32_t* row_group;     // [pool_rows] combine group of each pool row's token on its source
   std::uint32_t* local_tokens;  // [E_local] pairs each local expert got this call (all sources)
-  std::uint32_t* combine_list;  // [max_blocks] own token blocks in the order their combines went
+  // Combine groups of own tokens (combine_group). Routes add to group_rows (a ticket per token,
+  // its place in group_tokens) and group_pairs; the plan keeps the call's sizes in group_size
+  // and lowers the two.
+  std::uint32_t* group_rows;    // [E_local]
+  std::uint32_t* group_pairs;   // [E_local]
+  std::uint32_t* group_size;    // [E_local]
+  std::uint32_t* group_tokens;  // [E_local][max_tokens]
+  std::uint32_t* combine_list;  // [E_local] own combine groups in the order their combines went
 
   LOOM_HD std::uint32_t rank_of(std::int32_t expert) const {
     return static_cast<std::uint32_t>(expert) / local_experts;
@@ -120,6 +136,19 @@ struct EpView {
   LOOM_HD std::uint32_t chunk_capacity() const { return local.max_blocks + local_experts; }
   LOOM_HD std::uint32_t bins() const { return world * local_experts; }
 };
+
+// Token t's combine group: the highest local expert index among its experts on any rank (0 for
+// a token without experts). Ids were checked by the route.
+LOOM_HD inline std::uint32_t combine_group(EpView const& ep, std::uint32_t token) {
+  std::int32_t const* ids = ep.local.topk_ids + std::size_t{token} * ep.local.top_k;
+  std::uint32_t group = 0;
+  for (std::uint32_t j = 0; j < ep.local.top_k; ++j) {
+    if (ids[j] < 0) continue;
+    std::uint32_t const e = static_cast<std::uint32_t>(ids[j]) % ep.local_experts;
+    group = e > group ? e : group;
+  }
+  return group;
+}
 
 // Chunks one claim of a send task takes (fewer at the end of the order): copied together,
 // published after one fence.
@@ -209,7 +238,7 @@ inline EpHeapRegions ep_heap_layout(MoEView const& shape, std::uint32_t world,
       layout.add_array<bf16>("ep.recv_rows", p * shape.max_tokens * std::uint64_t{shape.hidden});
   r.y =
       layout.add_array<bf16>("ep.y", std::uint64_t{shape.top_k} * shape.max_tokens * shape.hidden);
-  r.block_done = layout.add_array<std::uint32_t>("ep.block_done", shape.max_blocks);
+  r.group_done = layout.add_array<std::uint32_t>("ep.group_done", local_experts);
   return r;
 }
 

@@ -250,44 +250,65 @@ struct CombineTokens {
     return acc;
   }
 
-  static void host(Payload const& p, TaskContext&) {
+  // The at most token_block tokens one combine covers: list[0, n) where a list is given (another
+  // actor wrote it: read through L2 on the device), else [first, first + n).
+  struct Tokens {
+    std::uint32_t const* list;
+    std::uint32_t first, n;
+
+    LOOM_HD std::uint32_t at(std::uint32_t i) const {
+      return list == nullptr ? first + i : written_elsewhere(list[i]);
+    }
+  };
+  LOOM_HD static Tokens block_tokens(Payload const& p) {
     MoEView const& v = *p.view;
-    std::uint32_t const tokens = v.call[0];
-    for (std::uint32_t t = p.block * v.token_block; t < tokens && t < (p.block + 1) * v.token_block;
-         ++t)
-      for (std::uint32_t c = 0; c < v.hidden; ++c)
-        v.out[std::size_t{t} * v.hidden + c] = __float2bfloat16(combine(v, t, c));
+    std::uint32_t const tokens = v.call[0], t0 = p.block * v.token_block;
+    return {nullptr, t0,
+            t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0};
   }
 
+  static void combine_host(MoEView const& v, Tokens const& tokens) {
+    for (std::uint32_t i = 0; i < tokens.n; ++i) {
+      std::uint32_t const t = tokens.at(i);
+      for (std::uint32_t c = 0; c < v.hidden; ++c)
+        v.out[std::size_t{t} * v.hidden + c] = __float2bfloat16(combine(v, t, c));
+    }
+  }
+  static void host(Payload const& p, TaskContext&) { combine_host(*p.view, block_tokens(p)); }
+
 #if defined(__CUDACC__)
-  // The block's routing words go to shared memory once. Each thread then combines 8 columns of
-  // kLoads / K items (token, column group) at a time, where K >= top_k is a compile-time slot
-  // count: every 16-byte read of y for those items is issued before the first is used.
+  // The tokens' ids and routing words go to shared memory once. Each thread then combines 8
+  // columns of kLoads / K items (token, column group) at a time, where K >= top_k is a
+  // compile-time slot count: every 16-byte read of y for those items is issued before the first
+  // is used.
   static constexpr std::uint32_t kLoads = 16;
   __device__ static void device(Payload const& p, TaskContext&) {
-    std::uint32_t const k = p.view->top_k;
-    if (k <= 1) return combine_block<1>(p);
-    if (k <= 2) return combine_block<2>(p);
-    if (k <= 4) return combine_block<4>(p);
-    combine_block<kMaxTopK>(p);
+    combine_device(*p.view, block_tokens(p));
+  }
+  __device__ static void combine_device(MoEView const& v, Tokens const& tokens) {
+    std::uint32_t const k = v.top_k;
+    if (k <= 1) return combine_rows<1>(v, tokens);
+    if (k <= 2) return combine_rows<2>(v, tokens);
+    if (k <= 4) return combine_rows<4>(v, tokens);
+    combine_rows<kMaxTopK>(v, tokens);
   }
 
   template <std::uint32_t K>
-  __device__ static void combine_block(Payload const& p) {
+  __device__ static void combine_rows(MoEView const& v, Tokens const& tokens) {
     static_assert(K <= kLoads);
     constexpr std::uint32_t kItems = kLoads / K;
-    MoEView const& v = *p.view;
-    std::uint32_t const tokens = v.call[0], top_k = v.top_k, hidden = v.hidden;
-    std::uint32_t const t0 = p.block * v.token_block;
-    std::uint32_t const n =
-        t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0;
+    std::uint32_t const top_k = v.top_k, hidden = v.hidden, n = tokens.n;
     std::size_t const slot_stride = std::size_t{v.max_tokens} * hidden;
-    bf16 const* const y = v.y + std::size_t{t0} * hidden;
-    bf16* const out = v.out + std::size_t{t0} * hidden;
+    bf16 const* const y = v.y;
+    bf16* const out = v.out;
+    __shared__ std::uint32_t token_of[kMaxTokenBlock];
     __shared__ float weight[kMaxTokenBlock * kMaxTopK];
     __shared__ bool used[kMaxTokenBlock * kMaxTopK];
+    for (std::uint32_t i = threadIdx.x; i < n; i += blockDim.x) token_of[i] = tokens.at(i);
+    __syncthreads();
     for (std::uint32_t i = threadIdx.x; i < n * top_k; i += blockDim.x) {
-      std::size_t const at = std::size_t{t0} * top_k + i;
+      std::uint32_t const r = i / top_k;
+      std::size_t const at = std::size_t{token_of[r]} * top_k + (i - r * top_k);
       used[i] = v.topk_ids[at] >= 0;
       weight[i] = used[i] ? v.topk_weights[at] : 0.0f;
     }
@@ -303,8 +324,8 @@ struct CombineTokens {
         for (std::uint32_t j = 0; j < K; ++j) {
           yv[u][j] = uint4{0u, 0u, 0u, 0u};
           if (i < items && j < top_k && used[t * top_k + j])
-            yv[u][j] = __ldcg(
-                reinterpret_cast<uint4 const*>(y + j * slot_stride + std::size_t{t} * hidden + c));
+            yv[u][j] = __ldcg(reinterpret_cast<uint4 const*>(
+                y + j * slot_stride + std::size_t{token_of[t]} * hidden + c));
         }
       }
 #pragma unroll
@@ -331,7 +352,7 @@ struct CombineTokens {
 #pragma unroll
         for (std::uint32_t q = 0; q < 4; ++q)
           ob[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-        *reinterpret_cast<uint4*>(out + std::size_t{t} * hidden + c) = o;
+        *reinterpret_cast<uint4*>(out + std::size_t{token_of[t]} * hidden + c) = o;
       }
     }
   }

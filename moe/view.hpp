@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 
 #include "moe/config.hpp"
+#include "runtime/atomic.hpp"
 #include "runtime/config.hpp"
 #include "tasks/gemm/operands.hpp"
 
@@ -218,6 +219,15 @@ LOOM_HD inline std::uint32_t slice_first_chunk(std::uint32_t s) {
 LOOM_HD inline std::uint32_t slice_end_chunk(MoEView const& v, std::uint32_t s) {
   std::uint32_t const end = (s + 1) * kRouteSliceChunks, chunks = v.hidden / 32;
   return end < chunks ? end : chunks;
+}
+// A word another actor wrote during this call, ordered before this read by an acquire: read
+// through L2 on the device (this SM's L1 may hold the line from an earlier read).
+LOOM_HD inline std::uint32_t written_elsewhere(std::uint32_t const& word) {
+#if LOOM_DEVICE_PASS
+  return __ldcg(&word);
+#else
+  return load_relaxed(word);
+#endif
 }
 // Runs of emitted items: run i starts at item starts[i] (ascending, starts[0] == 0, `runs` of
 // them). The run that item k belongs to: the last start at or before k, by binary search.

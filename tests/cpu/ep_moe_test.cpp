@@ -292,10 +292,32 @@ TEST(EpCpu, SendOrderNumbersEveryRowAndChunkOnceExpertByExpert) {
   }
 }
 
+// A token's combine group is the highest local expert index among its experts on any rank (the
+// order every rank computes its experts in), 0 without experts; its RowMeta carries it to each
+// destination.
+TEST(EpCpu, CombineGroupIsTheHighestLocalExpertOfAToken) {
+  MoEConfig const c = ep_config(16, 4, 8);  // four ranks of four experts
+  EpView ep = make_ep_shape(c, EpPlacement{1, 4}, choose_ep_gemms(c, 4));
+  std::vector<std::int32_t> ids = {
+      5,  2,  -1, -1,  // local 1 (rank 1) and local 2 (rank 0): group 2
+      12, 13, 14, 15,  // all on rank 3: group 3
+      -1, -1, -1, -1,  // no experts: group 0
+      8,  -1, 4,  0,   // local 0 everywhere: group 0
+      3,  7,  -1, 9,   // locals 3, 3, 1: group 3
+  };
+  ep.local.topk_ids = ids.data();
+  std::uint32_t const want[] = {2, 3, 0, 0, 3};
+  for (std::uint32_t t = 0; t < 5; ++t) {
+    EXPECT_EQ(combine_group(ep, t), want[t]) << "token " << t;
+    for (std::uint32_t d = 0; d < 4; ++d) EXPECT_EQ(row_meta_for(ep, t, d).group, want[t]);
+  }
+}
+
 // Caller routings that stress the exchange, on 2, 4 and 8 ranks of two experts each: all tokens
-// to one rank's experts, one hot expert, a rank with no tokens, -1 entries, and top-k equal to
-// the experts per rank. The hot expert gets a row from every token of every rank (1034 rows on
-// four ranks: nine 128-row M-tiles, so two M-tile groups, the second of one partial tile).
+// to one rank's experts, one hot expert, a rank with no tokens, -1 entries, top-k equal to the
+// experts per rank, and the hot expert beside tokens without experts (whose combine group, 0,
+// then has tokens but no pairs). The hot expert gets a row from every token of every rank (1034
+// rows on four ranks: nine 128-row M-tiles, so two M-tile groups, the second of one partial tile).
 class EpCpuSkewed : public ::testing::TestWithParam<std::uint32_t> {};
 INSTANTIATE_TEST_SUITE_P(Worlds, EpCpuSkewed, ::testing::Values(2u, 4u, 8u));
 
@@ -320,7 +342,7 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
   CpuEpMoELayer& layer = run.layer;
   std::mt19937& rng = run.rng;
   auto& weight = run.weight;
-  for (int pattern = 0; pattern < 5; ++pattern) {
+  for (int pattern = 0; pattern < 6; ++pattern) {
     std::vector<RankData> ranks(world);
     for (std::uint32_t r = 0; r < world; ++r) {
       std::uint32_t const tokens = pattern == 3 && r == idle ? 0 : c.max_tokens - r;
@@ -345,9 +367,12 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
             a = std::int32_t(rng() % experts),
             b = (a + 1 + std::int32_t(rng() % (experts - 1))) % experts;
             break;  // rank `idle` has no tokens
-          default:
+          case 4:
             a = std::int32_t(2 * (t % world)), b = a + 1;
             break;  // both slots on one rank
+          default:
+            a = t % 3 ? hot : -1, b = -1;
+            break;  // the hot expert, and tokens without experts
         }
         if (a == b) b = -1;
         d.ids[2 * t] = a, d.ids[2 * t + 1] = b;
