@@ -294,9 +294,12 @@ TEST_F(Executor, PriorityPolicyRunsHigherLevelsFirstAndFifoWithinALevel) {
 // (level 3) in one arrival. Under the priority policy H is the highest ready task when A ends, so
 // it runs next; under FIFO the released tasks run in the order they were released. Every Li
 // releases a follower Fi, which became ready after all of L1..Lk and H, so under FIFO it runs
-// after them.
+// after them. A's successors are more than kFanOutAbove, so they reach the scheduler as one
+// fan-out entry and become ready together. (Released by A's processor, at most kFanOutAbove of
+// them, they land slot by slot, and the processor's prefetch credit may take L1 before H's slot
+// is written: H was not yet ready, which the policy allows.)
 TEST_F(Executor, OneProcessorRunsReleasedTasksInPolicyOrder) {
-  constexpr std::uint32_t k = 6;
+  constexpr std::uint32_t k = kFanOutAbove + 1;
   // Slots: 0 = A, 1..k = L, k+1 = H, k+2.. = F.
   Recorder r(2 * k + 2);
   GraphBuilder b;
