@@ -17,20 +17,24 @@ struct EpBlockPayload {
   std::uint32_t block;
 };
 
-// The meta of token t for destination d: its experts there (local ids) and their slots.
+// The meta of token t for destination d: its experts there (local ids) and their slots, and its
+// combine group (combine_group, in the same pass over its ids).
 LOOM_HD inline RowMeta row_meta_for(EpView const& ep, std::uint32_t token, std::uint32_t d) {
   MoEView const& v = ep.local;
   RowMeta m{};
   m.token = token;
-  m.group = static_cast<std::uint16_t>(combine_group(ep, token));
+  std::uint32_t group = 0;
   std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
   for (std::uint32_t j = 0; j < v.top_k; ++j) {
-    if (ids[j] < 0 || ep.rank_of(ids[j]) != d) continue;
-    m.experts[m.count] =
-        static_cast<std::uint16_t>(static_cast<std::uint32_t>(ids[j]) % ep.local_experts);
+    if (ids[j] < 0) continue;
+    std::uint32_t const e = static_cast<std::uint32_t>(ids[j]) % ep.local_experts;
+    group = e > group ? e : group;
+    if (ep.rank_of(ids[j]) != d) continue;
+    m.experts[m.count] = static_cast<std::uint16_t>(e);
     m.slots[m.count] = static_cast<std::uint8_t>(j);
     ++m.count;
   }
+  m.group = static_cast<std::uint16_t>(group);
   return m;
 }
 
