@@ -234,8 +234,7 @@ struct CombineArrived {
   }
 #if defined(__CUDACC__)
   // Warp 0 reads the listed groups and their sizes, a lane a group (two round trips to L2 for
-  // the batch, where one thread took two a group: the batch task ran 11-25 µs against 13 for a
-  // combine tile), and sums their tiles.
+  // the batch, where one thread took two a group), and sums their tiles.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     using Scan = cub::WarpScan<std::uint32_t>;
     static_assert(kBatchGroups <= 32, "a lane a listed group");
