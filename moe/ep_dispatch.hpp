@@ -62,14 +62,10 @@ LOOM_HD inline void bin_token(EpView const& ep, std::uint32_t token) {
 // Puts token t, of a token block with pairs, in its combine group: a ticket for its place in
 // the group's tokens, and its pairs added to the group's.
 LOOM_HD inline void group_token(EpView const& ep, std::uint32_t token) {
-  MoEView const& v = ep.local;
-  std::int32_t const* ids = v.topk_ids + std::size_t{token} * v.top_k;
-  std::uint32_t pairs = 0;
-  for (std::uint32_t j = 0; j < v.top_k; ++j) pairs += ids[j] >= 0 ? 1u : 0u;
-  std::uint32_t const g = combine_group(ep, token);
-  std::uint32_t const at = fetch_add_relaxed(ep.group_rows[g], 1u);
-  ep.group_tokens[std::size_t{g} * v.max_tokens + at] = token;
-  if (pairs != 0) fetch_add_relaxed(ep.group_pairs[g], pairs);
+  CombineGroup const g = combine_group(ep, token);
+  std::uint32_t const at = fetch_add_relaxed(ep.group_rows[g.group], 1u);
+  ep.group_tokens[std::size_t{g.group} * ep.local.max_tokens + at] = token;
+  if (g.pairs != 0) fetch_add_relaxed(ep.group_pairs[g.group], g.pairs);
 }
 
 // Tokens and chunks rank d gets from this one: the sums over its bins. A share sums bins lane,

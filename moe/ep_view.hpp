@@ -138,16 +138,21 @@ struct EpView {
 };
 
 // Token t's combine group: the highest local expert index among its experts on any rank (0 for
-// a token without experts). Ids were checked by the route.
-LOOM_HD inline std::uint32_t combine_group(EpView const& ep, std::uint32_t token) {
+// a token without experts), and its pairs (ids not -1), found in one pass. Ids were checked by
+// the route.
+struct CombineGroup {
+  std::uint32_t group, pairs;
+};
+LOOM_HD inline CombineGroup combine_group(EpView const& ep, std::uint32_t token) {
   std::int32_t const* ids = ep.local.topk_ids + std::size_t{token} * ep.local.top_k;
-  std::uint32_t group = 0;
+  CombineGroup g{0, 0};
   for (std::uint32_t j = 0; j < ep.local.top_k; ++j) {
     if (ids[j] < 0) continue;
     std::uint32_t const e = static_cast<std::uint32_t>(ids[j]) % ep.local_experts;
-    group = e > group ? e : group;
+    g.group = e > g.group ? e : g.group;
+    ++g.pairs;
   }
-  return group;
+  return g;
 }
 
 // Chunks one claim of a send task takes (fewer at the end of the order): copied together,

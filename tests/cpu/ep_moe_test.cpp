@@ -293,8 +293,8 @@ TEST(EpCpu, SendOrderNumbersEveryRowAndChunkOnceExpertByExpert) {
 }
 
 // A token's combine group is the highest local expert index among its experts on any rank (the
-// order every rank computes its experts in), 0 without experts; its RowMeta carries it to each
-// destination.
+// order every rank computes its experts in), 0 without experts, found with its pair count; its
+// RowMeta carries it to each destination.
 TEST(EpCpu, CombineGroupIsTheHighestLocalExpertOfAToken) {
   MoEConfig const c = ep_config(16, 4, 8);  // four ranks of four experts
   EpView ep = make_ep_shape(c, EpPlacement{1, 4}, choose_ep_gemms(c, 4));
@@ -306,9 +306,10 @@ TEST(EpCpu, CombineGroupIsTheHighestLocalExpertOfAToken) {
       3,  7,  -1, 9,   // locals 3, 3, 1: group 3
   };
   ep.local.topk_ids = ids.data();
-  std::uint32_t const want[] = {2, 3, 0, 0, 3};
+  std::uint32_t const want[] = {2, 3, 0, 0, 3}, pairs[] = {2, 4, 0, 3, 3};
   for (std::uint32_t t = 0; t < 5; ++t) {
-    EXPECT_EQ(combine_group(ep, t), want[t]) << "token " << t;
+    EXPECT_EQ(combine_group(ep, t).group, want[t]) << "token " << t;
+    EXPECT_EQ(combine_group(ep, t).pairs, pairs[t]) << "token " << t;
     for (std::uint32_t d = 0; d < 4; ++d) EXPECT_EQ(row_meta_for(ep, t, d).group, want[t]);
   }
 }
