@@ -4,12 +4,17 @@
 For every kernel in the given binaries (SASS from `cuobjdump --dump-sass`):
   - the K loops: for each HGMMA instruction, the innermost loop around it (a backward branch
     whose range holds the HGMMA);
-  - local-memory instructions (LDL, STL: spills or local arrays) inside those loops.
+  - local-memory instructions (LDL, STL: spills or local arrays) inside those loops;
+  - serialized wgmma: a loop whose every HGMMA waits for itself (each one ends a group, gsb0,
+    and is waited for before the next). ptxas does this to every wgmma of a kernel when it finds
+    one pipeline it cannot follow (C7510, e.g. accumulators live across a call into a body that
+    was not inlined); asynchronous loops issue a K block's HGMMAs back to back and wait once.
 
 Fails (exit 1) when no kernel of a binary holds an HGMMA (the wgmma path did not compile to
-tensor-core instructions) or when any K loop touches local memory. Exit 77 (skipped) when no
-cuobjdump is found: give it with --cuobjdump, the LOOM_CUOBJDUMP environment variable, or put
-it on PATH (scripts/install-deps.sh fetches NVIDIA's from PyPI where the toolkit lacks it).
+tensor-core instructions), when any K loop touches local memory, or when any is serialized.
+Exit 77 (skipped) when no cuobjdump is found: give it with --cuobjdump, the LOOM_CUOBJDUMP
+environment variable, or put it on PATH (scripts/install-deps.sh fetches NVIDIA's from PyPI where
+the toolkit lacks it).
 
 usage: sass_check.py [--cuobjdump PATH] BINARY...
 """
@@ -86,19 +91,28 @@ def check(binary, cuobjdump):
             continue
         any_hgmma = True
         local_total = sum(1 for _, op, _ in body if op.startswith(("LDL", "STL")))
-        bad = []
+        bad, serialized = [], []
         for start, end in loops:
             local = [(a, op) for a, op, _ in body if start <= a <= end and op.startswith(("LDL", "STL"))]
             if local:
                 bad.append((start, end, local))
+            groups = [ops for a, op, ops in body if start <= a <= end and op.startswith("HGMMA")]
+            if len(groups) > 1 and all("gsb0" in ops for ops in groups):
+                serialized.append((start, end, len(groups)))
         in_loops = sum(len(local) for _, _, local in bad)
-        status = "ok" if not bad else "FAILED: local memory in a K loop"
+        problems = (["local memory in a K loop"] if bad else []) + (
+            ["serialized wgmma"] if serialized else [])
+        status = "ok" if not problems else "FAILED: " + ", ".join(problems)
         print(f"{os.path.basename(binary)}: {name[:100]}: {hgmma} HGMMA in {len(loops)} K loops; "
-              f"LDL/STL: {local_total} in the function, {in_loops} in the K loops: {status}")
+              f"LDL/STL: {local_total} in the function, {in_loops} in the K loops; "
+              f"{len(serialized)} serialized: {status}")
         for start, end, local in bad:
             ok = False
             shown = ", ".join(f"{op} at 0x{a:x}" for a, op in local[:8])
             print(f"  loop 0x{start:x}-0x{end:x}: {len(local)} local accesses ({shown})")
+        for start, end, count in serialized:
+            ok = False
+            print(f"  loop 0x{start:x}-0x{end:x}: each of its {count} HGMMA waited for on its own")
     if not any_hgmma:
         print(f"{binary}: no kernel holds an HGMMA instruction (the wgmma path is missing)")
         ok = False
