@@ -58,7 +58,9 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, EpGemms const& g
   ep.local.max_mtiles = ep.pool_rows / ep.local.tile_rows + ep.local_experts;
   if (gemms.has_short) ep.local.short_rows = gemms.short_tiles.up.block_m;
   ep.local.mtile_group = kMTileGroup;
-  ep.local.up_type = EpPipeline::id<ExpertUp>;
+  ep.local.up_type = EpPipeline::id<ExpertUp>;  // single up tiles: the expert-parallel layer
+  ep.local.up_run = 1;                          // was measured with them
+  ep.local.up_tasks = ep.local.up_tasks_bound = ep.local.up_tiles;
   ep.local.down_type = EpPipeline::id<ExpertDownRemote>;
   ep.local.combine_type = EpPipeline::id<CombineTokens>;
   ep.gather_type = EpPipeline::id<GatherArrivals>;
@@ -75,7 +77,7 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, EpGemms const& g
 
 std::uint32_t ep_dynamic_bound(EpView const& ep) {
   MoEView const& v = ep.local;
-  return ep.world * ep.chunk_capacity() + v.max_mtiles * (v.up_tiles + v.down_tiles) +
+  return ep.world * ep.chunk_capacity() + v.max_mtiles * (v.up_tasks + v.down_tiles) +
          v.max_blocks + ep.local_experts;
 }
 

@@ -137,7 +137,7 @@ struct GatherArrivals {
                       : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tiles, row_of, index_of, pairs);
+    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tasks, row_of, index_of, pairs);
   }
 #endif
 };
@@ -443,7 +443,7 @@ class EpDecoder {
     }
     // Offsets and fill are published to gathers through the ready queue (release).
     ctx.retire(world * ep.chunk_capacity() - chunks +
-               (v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles));
+               (v.max_mtiles - tiles) * (v.up_tasks + v.down_tiles));
   }
 
   // Emits the combines of the own combine groups whose counters read kBlockComplete, up to

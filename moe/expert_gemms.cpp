@@ -13,7 +13,7 @@ ExpertGemmConfigs expert_gemms(std::uint32_t block_m, MmaPath path) {
   g.splits = 1;
   g.path = path;
   g.stages = static_cast<std::uint8_t>(g.max_stages());
-  return ExpertGemmConfigs{g, g};
+  return ExpertGemmConfigs{g, g, block_m == 64 ? kShortUpRun : 1u};
 }
 
 }  // namespace

@@ -17,9 +17,12 @@
 namespace loom::moe {
 
 inline constexpr std::uint32_t kShortMTileRows = 48;
+// N-tiles per up task (MoEView::up_run) on 64-row tiles; 1 on taller ones.
+inline constexpr std::uint32_t kShortUpRun = 4;
 
 struct ExpertGemmConfigs {
   tasks::gemm::GemmConfig up, down;
+  std::uint32_t up_run = 1;  // N-tiles per up task (MoEView::up_run)
 };
 
 // Whether `tokens` tokens give an expert at most kShortMTileRows rows on average.

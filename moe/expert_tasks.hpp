@@ -6,6 +6,8 @@
 // tiles; the down tile that completes a token block emits that block's combine.
 #pragma once
 
+#include <type_traits>
+
 #include "moe/expert_tile.hpp"
 #include "tasks/gemm_tile.hpp"
 
@@ -44,8 +46,15 @@ struct SlotScatterSink {
 #endif
 };
 
-// Single tiles that never split K (the expert GEMMs' configurations have splits = 1).
+// h's rows: LocalTileSink's stores, as a sink of its own so that an up run stages each finished
+// tile in the stage area (GemmTileTask::kStoreBoxes is for LocalTileSink itself: its TMA store
+// buffers do not fit beside the MoE kernel's static shared memory).
+struct HRowsSink : tasks::gemm::LocalTileSink {};
+
+// Tiles that never split K (the expert GEMMs' configurations have splits = 1): single up and
+// down tiles, and runs of up tiles (ExpertUpRun).
 using UpGemm = tasks::GemmTileTask<tasks::gemm::LocalTileSink, false, false>;
+using UpRunGemm = tasks::GemmTileTask<HRowsSink, true, false>;
 using DownGemm = tasks::GemmTileTask<SlotScatterSink, false, false>;
 
 // The GEMM tile of an MoE tile: same rows in A and C (pool row = h row), no split-K.
@@ -60,6 +69,7 @@ LOOM_HD inline typename Gemm::Payload gemm_tile(TilePayload const& p,
   g.a_row0 = p.row0;
   g.c_row0 = p.row0;
   g.n_tile = p.ntile;
+  g.count = p.count;
   g.slot = 0;
   g.rows = p.rows;
   g.split = 0;
@@ -67,8 +77,15 @@ LOOM_HD inline typename Gemm::Payload gemm_tile(TilePayload const& p,
   return g;
 }
 
-struct ExpertUp {
-  static constexpr char const* name = "moe_up";
+// The up projection: single tiles (ExpertUp), or runs of MoEView::up_run N-tiles of an M-tile
+// (ExpertUpRun), which a view of 64-row tiles takes (expert_gemms.hpp, kShortUpRun): there a
+// tile is short, and a run streams its tiles' K blocks without a break, the next tile's first
+// stages loading while the previous one is finished. Two task types, so that the single tiles of
+// the taller views compile none of the run code.
+template <bool kRuns>
+struct ExpertUpTask {
+  using UpGemm = std::conditional_t<kRuns, UpRunGemm, moe::UpGemm>;
+  static constexpr char const* name = kRuns ? "moe_up_run" : "moe_up";
   static constexpr unsigned threads = UpGemm::threads;
   static constexpr unsigned shared_bytes = UpGemm::shared_bytes;
   using Payload = TilePayload;
@@ -77,13 +94,14 @@ struct ExpertUp {
     return UpGemm::describe_failure(code, a, b);
   }
 
-  // The last up tile of an M-tile group to finish: resets the group's counter and returns the
-  // group's first local M-tile. The counter and the count come from the payload, so the other
-  // tiles make one round trip to memory here.
+  // The last up task of an M-tile group to finish: resets the group's counter (of N-tiles) and
+  // returns the group's first local M-tile. The counter and the count come from the payload, so
+  // the other tasks make one round trip to memory here.
   LOOM_HD static bool completes_group(Payload const& p, std::uint32_t& first) {
     MoEView const& v = *p.view;
     std::uint32_t const slot = p.mtile - p.group_m;
-    if (fetch_add_acq_rel(v.up_done[slot], 1u) + 1 != std::uint32_t{p.group_mtiles} * v.up_tiles)
+    if (fetch_add_acq_rel(v.up_done[slot], std::uint32_t{p.count}) + p.count !=
+        std::uint32_t{p.group_mtiles} * v.up_tiles)
       return false;
     store_relaxed(v.up_done[slot], 0u);
     first = slot - v.tile_base[p.expert];
@@ -98,8 +116,10 @@ struct ExpertUp {
                        mtile_group_of(*p.view, p.expert, first), p.view->down_tiles);
   }
 #if defined(__CUDACC__)
-  // Thread 0 arrives for the tile; the group it completes goes out from the whole block.
-  __device__ static void device(Payload const& p, TaskContext& ctx) {
+  // Thread 0 arrives for the tile; the group it completes goes out from the whole block. Always
+  // inlined, as is ExpertDown's: a body left as a call holds wgmma of its own, and ptxas then
+  // serializes every wgmma of the kernel (C7510; scripts/sass_check.py fails such a build).
+  __device__ LOOM_INLINE static void device(Payload const& p, TaskContext& ctx) {
     UpGemm::device(gemm_tile<UpGemm>(p, p.ops, 0), ctx);
     __shared__ std::uint32_t done, start;
     __syncthreads();
@@ -114,6 +134,9 @@ struct ExpertUp {
   }
 #endif
 };
+
+using ExpertUp = ExpertUpTask<false>;
+using ExpertUpRun = ExpertUpTask<true>;
 
 struct ExpertDown {
   static constexpr char const* name = "moe_down";
@@ -149,7 +172,7 @@ struct ExpertDown {
 #if defined(__CUDACC__)
   // The rows of an expert tile come from tokens all over the batch, so their arrivals go out in
   // parallel, one thread per row (after the block's writes are made visible).
-  __device__ static void device(Payload const& p, TaskContext& ctx) {
+  __device__ LOOM_INLINE static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     auto const tag = reinterpret_cast<std::uint64_t>(p.view);
     DownGemm::device(gemm_tile<DownGemm>(p, p.ops, tag), ctx);

@@ -14,7 +14,8 @@ struct TilePayload {
   std::uint32_t mtile;  // global M-tile index (arrival counters)
   std::uint16_t rows;   // valid rows, 1 .. tile_rows
   std::uint16_t expert;
-  std::uint16_t ntile;
+  std::uint16_t ntile;  // the first of the task's N-tiles
+  std::uint16_t count;  // N-tiles ntile .. ntile + count - 1 (a run; 1 for down tiles)
   // The tile's M-tile group (MTileGroup): this M-tile's place in it and its M-tile count, so
   // that the group's counter (at mtile - group_m) is found without reading the plan's tables.
   std::uint16_t group_m, group_mtiles;
@@ -33,15 +34,18 @@ struct TileOps {
   tasks::gemm::GemmOperands const* tall;
   tasks::gemm::GemmOperands const* short_ops;  // null: one height
   std::uint32_t short_rows;
+  std::uint32_t run, ntiles;  // N-tiles per task (the last may hold fewer), and in all
   LOOM_HD tasks::gemm::GemmOperands const* of(std::uint32_t rows) const {
     return short_ops && rows <= short_rows ? short_ops : tall;
   }
 };
 LOOM_HD inline TileOps up_tile_ops(MoEView const& v) {
-  return {v.up_ops, v.short_view ? v.short_view->up_ops : nullptr, v.short_rows};
+  return {v.up_ops, v.short_view ? v.short_view->up_ops : nullptr, v.short_rows, v.up_run,
+          v.up_tiles};
 }
 LOOM_HD inline TileOps down_tile_ops(MoEView const& v) {
-  return {v.down_ops, v.short_view ? v.short_view->down_ops : nullptr, v.short_rows};
+  return {v.down_ops, v.short_view ? v.short_view->down_ops : nullptr, v.short_rows, 1,
+          v.down_tiles};
 }
 
 // A group of an expert's M-tiles (MoEView::mtile_group): its first M-tile, how many, and the
@@ -65,25 +69,27 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
           count <= v.tile_rows};
 }
 
-// Task i of `type` over a group's tiles, one per (N-tile, M-tile) in N-tile-major order: the
-// group's M-tiles of one N-tile go out next to each other.
+// Task i of `type` over a group's tiles, one per (run of ops.run N-tiles, M-tile) in N-tile-major
+// order: the group's M-tiles of one run go out next to each other.
 LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, TileOps const& ops,
                                MTileGroup const& g, std::uint32_t i) {
   std::uint32_t const n = i / g.mtiles, m = i - n * g.mtiles;
   std::uint32_t const left = g.rows - m * v.tile_rows;
   std::uint32_t const rows = left < v.tile_rows ? left : v.tile_rows;
+  std::uint32_t const ntile = n * ops.run, after = ops.ntiles - ntile;
   return encode_task(
-      type, TilePayload{&v, v.offsets[g.expert] + (g.first + m) * v.tile_rows, g.slot + m,
-                        static_cast<std::uint16_t>(rows), static_cast<std::uint16_t>(g.expert),
-                        static_cast<std::uint16_t>(n), static_cast<std::uint16_t>(m),
-                        static_cast<std::uint16_t>(g.mtiles), ops.of(rows),
-                        g.sole ? tasks::gemm::L2Hint::evict_first : tasks::gemm::L2Hint::normal});
+      type,
+      TilePayload{&v, v.offsets[g.expert] + (g.first + m) * v.tile_rows, g.slot + m,
+                  static_cast<std::uint16_t>(rows), static_cast<std::uint16_t>(g.expert),
+                  static_cast<std::uint16_t>(ntile),
+                  static_cast<std::uint16_t>(after < ops.run ? after : ops.run),
+                  static_cast<std::uint16_t>(m), static_cast<std::uint16_t>(g.mtiles), ops.of(rows),
+                  g.sole ? tasks::gemm::L2Hint::evict_first : tasks::gemm::L2Hint::normal});
 }
-// Emits the group's tiles of `type`, on `ops` (one thread).
+// Emits the group's tasks of `type` (`tasks` per M-tile), on `ops` (one thread).
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                     TileOps const& ops, MTileGroup const& g,
-                                     std::uint32_t ntiles) {
-  return ctx.emit_many(g.mtiles * ntiles,
+                                     TileOps const& ops, MTileGroup const& g, std::uint32_t tasks) {
+  return ctx.emit_many(g.mtiles * tasks,
                        [&](std::uint32_t i) { return group_tile(type, v, ops, g, i); });
 }
 
@@ -167,7 +173,7 @@ struct GatherTokens {
                              TaskContext& ctx) {
     MTileGroup g;
     if (arrive_on_group(v, e, index, g))
-      emit_group_tiles(ctx, v.up_type, v, up_tile_ops(v), g, v.up_tiles);
+      emit_group_tiles(ctx, v.up_type, v, up_tile_ops(v), g, v.up_tasks);
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
@@ -223,7 +229,7 @@ struct GatherTokens {
       row_of[i] = arrive_on_group(v, e, index_of[i], g) ? g.expert << 16 | g.first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tiles, row_of, index_of, pairs);
+    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tasks, row_of, index_of, pairs);
   }
 #endif
 };

@@ -41,6 +41,9 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   v.top_k = c.top_k;
   v.up_cols = c.up_columns();
   v.up_tiles = (v.up_cols + gemms.up.block_n - 1) / gemms.up.block_n;
+  v.up_run = gemms.up_run;
+  v.up_tasks = (v.up_tiles + v.up_run - 1) / v.up_run;
+  v.up_tasks_bound = v.up_tasks;
   v.down_tiles = (c.hidden + gemms.down.block_n - 1) / gemms.down.block_n;
   v.tile_rows = gemms.up.block_m;
   v.mtile_group = kMTileGroup;
@@ -80,7 +83,7 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   v.score = c.router;
   v.renormalize = c.renormalize;
   v.gather_type = MoEPipeline::id<GatherTokens>;
-  v.up_type = MoEPipeline::id<ExpertUp>;
+  v.up_type = v.up_run > 1 ? MoEPipeline::id<ExpertUpRun> : MoEPipeline::id<ExpertUp>;
   v.down_type = MoEPipeline::id<ExpertDown>;
   v.combine_type = MoEPipeline::id<CombineTokens>;
   return v;
@@ -95,6 +98,8 @@ LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path) {
   s.short_tiles = make_view_shape(c, s.short_gemms);
   s.main.max_mtiles = s.short_tiles.max_mtiles =
       std::max(s.main.max_mtiles, s.short_tiles.max_mtiles);
+  s.main.up_tasks_bound = s.short_tiles.up_tasks_bound =
+      std::max(s.main.up_tasks, s.short_tiles.up_tasks);
   // The largest call with at most kShortMTileRows rows per expert on average.
   s.main.short_tokens = kShortMTileRows * c.experts / c.top_k;
   s.main.short_rows = s.short_tiles.tile_rows;
@@ -102,7 +107,8 @@ LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path) {
 }
 
 std::uint32_t dynamic_bound(MoEView const& v) {
-  return v.max_mtiles * (v.up_tiles + v.down_tiles) + 2 * v.max_blocks;  // + gathers, combines
+  return v.max_mtiles * (v.up_tasks_bound + v.down_tiles) +
+         2 * v.max_blocks;  // + gathers, combines
 }
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {

@@ -12,7 +12,7 @@
 namespace loom::moe {
 
 using MoEPipeline = Pipeline<RouteTile, RouteTokens, PlanExperts, GatherTokens, ExpertUp,
-                             ExpertDown, CombineTokens>;
+                             ExpertUpRun, ExpertDown, CombineTokens>;
 
 // The shape-derived part of a view (no pointers), and the type ids for dynamic emission. With
 // wgmma expert tiles and a shape routes_on_tile admits the router runs on the tensor cores
@@ -24,7 +24,8 @@ MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms,
 
 // The shapes of a one-GPU layer: `main` with the M-tile height chosen from max_tokens, and
 // `short_tiles` (has_short) with 64-row M-tiles for the calls of few tokens when main's are
-// taller. Both have the larger max_mtiles, so the buffers and the dynamic bound cover either.
+// taller. Both have the larger max_mtiles and up_tasks_bound, so the buffers and the dynamic bound
+// cover either.
 // Bind both views' buffers alike, then point main.short_view at short_tiles' copy.
 struct LayerShapes {
   MoEView main{}, short_tiles{};

@@ -786,11 +786,13 @@ struct PlanExperts {
   LOOM_HD static std::uint32_t active_blocks(MoEView const& v) {
     return (v.call[0] + v.token_block - 1) / v.token_block;
   }
-  // The GEMM tiles of M-tiles this call does not have; the gathers and combines of blocks past
-  // its tokens.
+  // The GEMM tasks the dynamic bound counts and this call does not emit (M-tiles it does not
+  // have; up tasks a view of longer runs leaves out); the gathers and combines of blocks past its
+  // tokens.
   LOOM_HD static void retire_unused(MoEView const& v, std::uint32_t tiles, std::uint32_t active,
                                     TaskContext& ctx) {
-    ctx.retire((v.max_mtiles - tiles) * (v.up_tiles + v.down_tiles) + 2 * (v.max_blocks - active));
+    ctx.retire(v.max_mtiles * (v.up_tasks_bound + v.down_tiles) -
+               tiles * (v.up_tasks + v.down_tiles) + 2 * (v.max_blocks - active));
   }
   LOOM_HD static Task gather(std::uint16_t type, MoEView const* v, std::uint32_t block) {
     return encode_task(type, BlockPayload{v, block});

@@ -7,8 +7,9 @@
 //   plan    (one task, after every route): offsets, tiles per expert; gives back unused bound
 //   gather  (per token block, after plan): copies each token row to its expert's pool rows; the
 //           last row of an M-tile to arrive emits that tile's up-projection tasks
-//   up      (per M-tile x N-tile, a tensor-core GEMM tile): act(x_e · W1_e) into h; the last
-//           N-tile of an M-tile emits its down-projection tasks
+//   up      (per M-tile x N-tile, a tensor-core GEMM tile; on 64-row M-tiles a run of up_run
+//           N-tiles): act(x_e · W1_e) into h; the last N-tile of an M-tile group emits the
+//           group's down-projection tasks
 //   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32 accumulation, stored
 //           as bf16); the last arrival for a token block emits its combine
 //   combine (per token block): out[t] = sum_j w[t,j] y[j][t] in top-k order, accumulated in fp32
@@ -124,7 +125,12 @@ struct MoEView {
   std::uint32_t hidden, ffn, experts, top_k;
   std::uint32_t up_cols;               // columns of W1 as packed (2*ffn for SwiGLU)
   std::uint32_t up_tiles, down_tiles;  // N-tiles of the two GEMMs
-  std::uint32_t tile_rows;             // rows per expert M-tile: both GEMMs' block_m
+  // An up task computes a run of up_run N-tiles over its M-tile (the last run of an M-tile may be
+  // shorter): up_tasks = ceil(up_tiles / up_run) tasks per M-tile. Down tasks are single tiles.
+  // up_tasks_bound: the up tasks per M-tile the layer's dynamic bound counts (the most of its
+  // views': a call on a view of fewer retires the difference).
+  std::uint32_t up_run, up_tasks, up_tasks_bound;
+  std::uint32_t tile_rows;  // rows per expert M-tile: both GEMMs' block_m
   // An expert's M-tiles in groups of mtile_group: a group's tiles are emitted together when its
   // last row (up) or last up tile (down) is in, N-tile-major, so the group's M-tiles read each
   // weight tile at about the same time (once from HBM, the others from L2). 1: each M-tile as

@@ -182,11 +182,23 @@ TEST(CpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
   EXPECT_EQ(layer.expert_tokens()[1], tokens);
 }
 
+void calls_of_few_tokens_on_a_tall_layer(std::uint32_t ffn);
+
 // A layer built with tall M-tiles runs the calls of few tokens on short ones (the plan picks the
-// view per call), and the two alternate on the same counters without a trace left behind.
+// view per call), and the two alternate on the same counters without a trace left behind. With
+// ffn = 640 an M-tile has 5 up N-tiles: one task each on the tall view, runs of 4 and 1 on the
+// short one, whose calls retire the up tasks the dynamic bound counts beyond theirs.
 TEST(CpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
+  for (std::uint32_t ffn : {128u, 640u}) {
+    SCOPED_TRACE("ffn " + std::to_string(ffn));
+    calls_of_few_tokens_on_a_tall_layer(ffn);
+  }
+}
+
+void calls_of_few_tokens_on_a_tall_layer(std::uint32_t ffn) {
   MoEConfig c = small_config(Activation::swiglu, 4, 2);
   c.max_tokens = 1100;
+  c.ffn = ffn;
   loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuMoELayer layer(c, w);
@@ -285,6 +297,56 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
             1e-2);
   EXPECT_EQ(layer.expert_tokens(), checks::kMixedLastTiles);
   EXPECT_EQ(layer.mtiles(), 2u + 3u + 2u + 5u);
+}
+
+// Up tasks as runs of N-tiles (MoEView::up_run) on views of 64-row tiles, through their own task
+// type: task i of a group is the run i / M-tiles of its M-tile i % M-tiles; the last run of an odd
+// N-tile count holds one N-tile. Down tasks stay single.
+TEST(CpuMoE, UpTasksAreRunsOfNTiles) {
+  MoEConfig c = small_config(Activation::swiglu, 4, 2);
+  c.max_tokens = 1100;
+  LayerShapes shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
+  ASSERT_TRUE(shapes.has_short);
+  EXPECT_EQ(shapes.main.up_run, 1u);
+  EXPECT_EQ(shapes.main.up_type, MoEPipeline::id<ExpertUp>);
+  EXPECT_EQ(shapes.short_tiles.up_run, kShortUpRun);
+  EXPECT_EQ(shapes.short_tiles.up_type, MoEPipeline::id<ExpertUpRun>);
+  EXPECT_EQ(shapes.short_tiles.up_tasks,
+            (shapes.short_tiles.up_tiles + kShortUpRun - 1) / kShortUpRun);
+  MoEConfig small = c;
+  small.max_tokens = 40;  // 64-row tiles throughout
+  EXPECT_EQ(make_layer_shapes(small, loom::tasks::gemm::MmaPath::wgmma).main.up_run, kShortUpRun);
+  MoEView& v = shapes.main;
+  v.up_tiles = 5, v.up_run = 2, v.up_tasks = 3;
+  loom::tasks::gemm::GemmOperands up_ops, down_ops;
+  v.up_ops = &up_ops, v.down_ops = &down_ops;
+  v.short_view = nullptr;
+  std::uint32_t offsets[] = {0, 200, 500, 700, 900};
+  v.offsets = offsets;
+  MTileGroup const g{1, 0, 3, 300, 4, false};  // M-tiles of 128, 128 and 44 rows
+  auto const task = [&](TileOps const& ops, std::uint32_t i) {
+    TilePayload p;
+    std::memcpy(&p, group_tile(5, v, ops, g, i).payload, sizeof p);
+    return p;
+  };
+  TilePayload p = task(up_tile_ops(v), 4);  // run 1 (N-tiles 2, 3) of M-tile 1
+  EXPECT_EQ(p.ntile, 2u);
+  EXPECT_EQ(p.count, 2u);
+  EXPECT_EQ(p.row0, 328u);
+  EXPECT_EQ(p.group_m, 1u);
+  p = task(up_tile_ops(v), 8);  // run 2 (N-tile 4 alone) of M-tile 2
+  EXPECT_EQ(p.ntile, 4u);
+  EXPECT_EQ(p.count, 1u);
+  EXPECT_EQ(p.rows, 44u);
+  ASSERT_EQ(v.down_tiles, 1u);
+  p = task(down_tile_ops(v), 1);  // down: N-tile 0 of M-tile 1
+  EXPECT_EQ(p.ntile, 0u);
+  EXPECT_EQ(p.count, 1u);
+  EXPECT_EQ(p.group_m, 1u);
+  // 9 up tasks carry 3 x 5 N-tiles: the group's counter target.
+  std::uint32_t tiles = 0;
+  for (std::uint32_t i = 0; i < g.mtiles * v.up_tasks; ++i) tiles += task(up_tile_ops(v), i).count;
+  EXPECT_EQ(tiles, g.mtiles * v.up_tiles);
 }
 
 TEST(CpuMoE, TokensWithNoExpertGetZeros) {
