@@ -41,6 +41,9 @@ EpGemms choose_ep_gemms(MoEConfig const& c, std::uint32_t world, tasks::gemm::Mm
   EpGemms g;
   g.main = choose_expert_gemms(whole, path);
   g.has_short = short_expert_gemms(whole, path, g.short_tiles);
+  // Single up tiles at every height: the expert-parallel layer was measured with them, and its
+  // pipeline has no run type (ExpertUpRun).
+  g.main.up_run = g.short_tiles.up_run = 1;
   return g;
 }
 
@@ -58,9 +61,7 @@ EpView make_ep_shape(MoEConfig const& c, EpPlacement placement, EpGemms const& g
   ep.local.max_mtiles = ep.pool_rows / ep.local.tile_rows + ep.local_experts;
   if (gemms.has_short) ep.local.short_rows = gemms.short_tiles.up.block_m;
   ep.local.mtile_group = kMTileGroup;
-  ep.local.up_type = EpPipeline::id<ExpertUp>;  // single up tiles: the expert-parallel layer
-  ep.local.up_run = 1;                          // was measured with them
-  ep.local.up_tasks = ep.local.up_tasks_bound = ep.local.up_tiles;
+  ep.local.up_type = EpPipeline::id<ExpertUp>;
   ep.local.down_type = EpPipeline::id<ExpertDownRemote>;
   ep.local.combine_type = EpPipeline::id<CombineTokens>;
   ep.gather_type = EpPipeline::id<GatherArrivals>;

@@ -84,14 +84,14 @@ LOOM_HD inline typename Gemm::Payload gemm_tile(TilePayload const& p,
 // the taller views compile none of the run code.
 template <bool kRuns>
 struct ExpertUpTask {
-  using UpGemm = std::conditional_t<kRuns, UpRunGemm, moe::UpGemm>;
+  using Gemm = std::conditional_t<kRuns, UpRunGemm, UpGemm>;
   static constexpr char const* name = kRuns ? "moe_up_run" : "moe_up";
-  static constexpr unsigned threads = UpGemm::threads;
-  static constexpr unsigned shared_bytes = UpGemm::shared_bytes;
+  static constexpr unsigned threads = Gemm::threads;
+  static constexpr unsigned shared_bytes = Gemm::shared_bytes;
   using Payload = TilePayload;
 
   static std::string describe_failure(std::uint32_t code, std::uint64_t a, std::uint64_t b) {
-    return UpGemm::describe_failure(code, a, b);
+    return Gemm::describe_failure(code, a, b);
   }
 
   // The last up task of an M-tile group to finish: resets the group's counter (of N-tiles) and
@@ -109,7 +109,7 @@ struct ExpertUpTask {
   }
 
   static void host(Payload const& p, TaskContext& ctx) {
-    UpGemm::host(gemm_tile<UpGemm>(p, p.ops, 0), ctx);
+    Gemm::host(gemm_tile<Gemm>(p, p.ops, 0), ctx);
     std::uint32_t first;
     if (completes_group(p, first))
       emit_group_tiles(ctx, p.view->down_type, *p.view, down_tile_ops(*p.view),
@@ -120,7 +120,7 @@ struct ExpertUpTask {
   // inlined, as is ExpertDown's: a body left as a call holds wgmma of its own, and ptxas then
   // serializes every wgmma of the kernel (C7510; scripts/sass_check.py fails such a build).
   __device__ LOOM_INLINE static void device(Payload const& p, TaskContext& ctx) {
-    UpGemm::device(gemm_tile<UpGemm>(p, p.ops, 0), ctx);
+    Gemm::device(gemm_tile<Gemm>(p, p.ops, 0), ctx);
     __shared__ std::uint32_t done, start;
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -335,6 +335,9 @@ TEST_P(EpCpuSkewed, CallerRoutingsMatchReference) {
   EXPECT_EQ(shape.short_rows, 64u);
   EXPECT_EQ(gemms.short_tiles.up.block_m, 64u);
   EXPECT_EQ(shape.short_tokens, 0u);
+  // Single up tiles at both heights (the pipeline has no run type).
+  EXPECT_EQ(gemms.short_tiles.up_run, 1u);
+  EXPECT_EQ(shape.up_tasks, shape.up_tiles);
   std::int32_t const hot = experts - 3;  // local expert 1 of rank world - 2
   std::uint32_t const idle = world > 2 ? 2 : 1;
   loom::test::TracedSeed const seed;

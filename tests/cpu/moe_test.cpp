@@ -33,6 +33,13 @@ MoEConfig small_config(Activation act, std::uint32_t experts, std::uint32_t top_
   return c;
 }
 
+// Four experts, top-2, sized for 1100 tokens: 128-row M-tiles, and a short view of 64-row ones.
+MoEConfig tall_config() {
+  MoEConfig c = small_config(Activation::swiglu, 4, 2);
+  c.max_tokens = 1100;
+  return c;
+}
+
 std::vector<bf16> poisoned(std::size_t n) {
   return std::vector<bf16>(n, __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
 }
@@ -156,8 +163,7 @@ TEST(CpuMoE, SkewedCallerRoutingMatchesReference) {
 // Experts with more M-tiles than one group (kMTileGroup), the last group and its last tile
 // partial: the groups' arrival counters and their N-tile-major emission.
 TEST(CpuMoE, ExpertsOfSeveralMTileGroupsMatchReference) {
-  MoEConfig c = small_config(Activation::swiglu, 4, 2);
-  c.max_tokens = 1100;
+  MoEConfig c = tall_config();
   std::uint32_t const tile_rows = choose_expert_gemms(c).up.block_m;
   std::uint32_t const tokens = 1100;
   ASSERT_GT(tokens, kMTileGroup * tile_rows);
@@ -196,8 +202,7 @@ TEST(CpuMoE, CallsOfFewTokensOnATallLayerUseShortMTiles) {
 }
 
 void calls_of_few_tokens_on_a_tall_layer(std::uint32_t ffn) {
-  MoEConfig c = small_config(Activation::swiglu, 4, 2);
-  c.max_tokens = 1100;
+  MoEConfig c = tall_config();
   c.ffn = ffn;
   loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
@@ -226,8 +231,7 @@ void calls_of_few_tokens_on_a_tall_layer(std::uint32_t ffn) {
 // GEMM operands, any other tile its own view's; the short view has no short view of its own.
 // The emitted tile carries its operands and its place in its M-tile group.
 TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
-  MoEConfig c = small_config(Activation::swiglu, 4, 2);
-  c.max_tokens = 1100;
+  MoEConfig c = tall_config();
   LayerShapes shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
   ASSERT_TRUE(shapes.has_short);
   ASSERT_EQ(shapes.main.tile_rows, 128u);
@@ -303,8 +307,7 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
 // type: task i of a group is the run i / M-tiles of its M-tile i % M-tiles; the last run of an odd
 // N-tile count holds one N-tile. Down tasks stay single.
 TEST(CpuMoE, UpTasksAreRunsOfNTiles) {
-  MoEConfig c = small_config(Activation::swiglu, 4, 2);
-  c.max_tokens = 1100;
+  MoEConfig c = tall_config();
   LayerShapes shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
   ASSERT_TRUE(shapes.has_short);
   EXPECT_EQ(shapes.main.up_run, 1u);
@@ -392,8 +395,7 @@ TEST(CpuMoE, InvalidCallerRoutingIsRejectedWithItsReason) {
 // with the layer's N-tile counts: short configurations that cut N otherwise are refused at
 // construction (they would leave columns uncomputed and over-retire the dynamic bound).
 TEST(CpuMoE, ShortMTilesThatCutNOtherwiseAreRefused) {
-  MoEConfig c = small_config(Activation::swiglu, 4, 2);
-  c.max_tokens = 1100;
+  MoEConfig c = tall_config();
   ExpertGemmConfigs const tall = choose_expert_gemms(c);
   ExpertGemmConfigs narrow;
   ASSERT_TRUE(short_expert_gemms(c, loom::tasks::gemm::MmaPath::wgmma, narrow));
