@@ -5,6 +5,7 @@
 
 #include "moe/expert_gemms.hpp"
 #include "moe/expert_tasks.hpp"
+#include "moe/plan_task.hpp"
 #include "moe/route_task.hpp"
 #include "runtime/graph.hpp"
 #include "runtime/pipeline.hpp"
