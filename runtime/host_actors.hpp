@@ -3,6 +3,7 @@
 #pragma once
 
 #include "runtime/context.hpp"
+#include "scheduler/ready_list.hpp"
 
 namespace loom {
 
@@ -22,6 +23,7 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
   Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
   TaskContext ctx(s, epoch, who, heap, nullptr);
   ProcessorLink link = ProcessorLink::start(me);
+  take_start_root(s, link, start_root<Policy>(s, me));
   for (;;) {
     TaskRef ref = kStopRef;
     std::uint64_t const asked = s.trace ? now_ns() : 0;

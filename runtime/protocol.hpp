@@ -178,7 +178,8 @@ struct ProcessorLink {
   std::uint64_t last_ns;    // how long the previous task took, taken to finished
 
   // Processor `me` at the start of a launch: its first credit is already with the scheduler
-  // (kStartReport), so it waits for ring 1 without reporting.
+  // (kStartReport), so it waits for ring 1 without reporting, unless it takes a root itself
+  // (take_start_root).
   LOOM_HD static ProcessorLink start(std::uint32_t me) {
     ProcessorLink link{};
     link.me = me;
@@ -198,6 +199,14 @@ LOOM_HD LOOM_INLINE void send_report(RuntimeState const& s, ProcessorLink& link,
   link.reported = link.completed;
   link.waiting = waiting;
   store_relaxed(s.reports[link.me], report_word(link.credits, link.completed, waiting));
+}
+// A processor that starts a launch on `root` (start_root, scheduler/ready_list.hpp; kStopRef:
+// none) runs it first, its credit still with the scheduler, and reports that it is busy, so that a
+// scheduler with waiting_first does not hand the next task to it before a processor that waits.
+LOOM_HD LOOM_INLINE void take_start_root(RuntimeState const& s, ProcessorLink& link, TaskRef root) {
+  if (root == kStopRef) return;
+  link.kept = root;
+  send_report(s, link, false);
 }
 LOOM_HD LOOM_INLINE void hand_over_credit(RuntimeState const& s, ProcessorLink& link,
                                           bool waiting) {

@@ -62,6 +62,9 @@ LOOM_HD LOOM_INLINE void waiting_first(std::uint64_t* ring, std::uint64_t* scrat
 LOOM_HD LOOM_INLINE void end_launch(RuntimeState const& s, std::uint64_t epoch, bool ok) {
   Counters& c = *s.counters;
   for (std::uint32_t p = 0; p < s.processors; ++p) doorbell_stop(s.doorbells[p]);
+  // Processors that start the next launch on their roots read it before the next scheduler
+  // publishes its own: no backlog is known then.
+  store_relaxed(c.drained_at.value, kNotDrained);
   if (ok) {
     store_relaxed(c.dynamic_emitted.value, std::uint64_t{0});
     store_relaxed(c.retired.value, std::uint64_t{0});
@@ -82,6 +85,7 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
   std::uint64_t const total = std::uint64_t{s.graph.task_count} + s.graph.dynamic_bound;
 
   ReadyList<Policy> ready(s);  // the roots are already in it
+  ready.drop(start_roots(s));  // the processors took those themselves
 
   // Credits held (processors whose doorbell may be rung), oldest first: s.idle_list is a ring of
   // `processors` entries from idle_head to idle_tail, each the processor and the ring to send.

@@ -139,9 +139,11 @@ inline constexpr std::uint64_t kNoPrefetch = ~std::uint64_t{0};
 // credits and waiting processors").
 //
 // A launch starts with every processor's first credit already handed over: each word reads
-// kStartReport (one credit, nothing completed, waiting), the scheduler starts holding credit 1 of
-// every processor and rings the roots at once, and each processor starts waiting for ring 1. So
-// the first tasks go out without a report's round trip. The scheduler puts the words back to
+// kStartReport (one credit, nothing completed, waiting), and the scheduler starts holding credit
+// 1 of every processor. Processor p < start_roots runs the p-th root without a ring
+// (scheduler/ready_list.hpp); the scheduler rings the roots left, if any, at once, and a
+// processor without a root starts waiting for ring 1. So the first tasks go out without a round
+// trip through the scheduler. The scheduler puts the words back to
 // kStartReport when a launch ends well; the host re-initialises them after a failed one.
 inline constexpr std::uint32_t kMaxProcessors = 1u << 16;
 inline constexpr std::uint64_t kReportWaiting = std::uint64_t{1} << 63;

@@ -121,6 +121,7 @@ void StateLayout::initialize(void* host_image, std::uint64_t epoch) const {
   RuntimeState const s = bind(host_image);
   s.counters->epoch.value = epoch;
   s.counters->stopped.value = epoch - 1;
+  s.counters->drained_at.value = kNotDrained;
   for (std::uint32_t e = 0; e < s.graph.event_count; ++e)
     s.event_arrivals[e] = (epoch - 1) * graph_.events[e].expected;
   for (std::uint32_t t = 0; t < s.graph.task_count; ++t)

@@ -1,12 +1,31 @@
 // The scheduler's private list of ready tasks: one FIFO ring per level of the policy, over storage
 // sized for a whole launch, so it can never overflow. Positions restart at zero every launch, with
 // the graph's roots already in place (see kReadyRings). Used by the scheduler actor alone,
-// single-threaded.
+// single-threaded, but for the root prefix, which the processors read as a launch starts.
 #pragma once
 
 #include "runtime/state.hpp"
 
 namespace loom {
+
+// A launch's first tasks go out without a ring: processor p < start_roots(s) runs the p-th root
+// in the policy's order (highest level first, graph order within a level), the one the scheduler
+// would have rung on its first credit, and the scheduler drops those roots from its list
+// (drop(start_roots(s))). It keeps every processor's first credit, which it may ring with the next
+// ready task as a prefetch. The roots sit at the start of the rings for the whole launch.
+LOOM_HD LOOM_INLINE std::uint32_t start_roots(RuntimeState const& s) {
+  return s.graph.root_count < s.processors ? s.graph.root_count : s.processors;
+}
+template <class Policy>
+LOOM_HD LOOM_INLINE TaskRef start_root(RuntimeState const& s, std::uint32_t processor) {
+  if (processor >= start_roots(s)) return kStopRef;
+  for (std::uint32_t l = Policy::levels; l-- > 0;) {
+    std::uint32_t const ring = Policy::first_ring + l, roots = s.graph.ring_roots[ring];
+    if (processor < roots) return s.ready_list[ring * s.task_capacity() + processor];
+    processor -= roots;
+  }
+  return kStopRef;
+}
 
 template <class Policy>
 class ReadyList {
@@ -38,6 +57,15 @@ class ReadyList {
     std::uint64_t n = 0;
     for (std::uint32_t l = 0; l < Policy::levels; ++l) n += tail_[l] - head_[l];
     return n;
+  }
+
+  // Drops the first n tasks pop() would return (n <= size()).
+  LOOM_HD LOOM_INLINE void drop(std::uint64_t n) {
+    for (std::uint32_t l = Policy::levels; l-- > 0 && n != 0;) {
+      std::uint64_t const m = tail_[l] - head_[l] < n ? tail_[l] - head_[l] : n;
+      head_[l] += m;
+      n -= m;
+    }
   }
 
   // Highest level first; FIFO within a level. Precondition: !empty().

@@ -57,6 +57,7 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
   TaskContext ctx(s, epoch, who, heap, task_shared);
   if (threadIdx.x == 0) {
     sh.link = ProcessorLink::start(me);
+    take_start_root(s, sh.link, start_root<Policy>(s, me));
     sh.peeked = kStopRef;
     sh.alive = true;
   }

@@ -236,6 +236,17 @@ class WarpReadyList {
     return n;
   }
 
+  // Drops the first n refs take() would return (n <= size()), as ReadyList::drop.
+  __device__ __forceinline__ void drop(std::uint64_t n) {
+#pragma unroll
+    for (std::uint32_t l = Policy::levels; l-- > 0;) {
+      std::uint64_t const m = tail_[l] - head_[l] < n ? tail_[l] - head_[l] : n;
+      head_[l] += m;
+      head_slot_[l] = ring_slot(head_slot_[l], static_cast<std::uint32_t>(m), capacity_);
+      n -= m;
+    }
+  }
+
   // Takes `n` <= 32 x K refs, highest level first; ref i goes to lane i % 32 in refs[i / 32],
   // every load issued before any is used. Whole warp.
   template <std::uint32_t K>
@@ -308,6 +319,7 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
   std::uint64_t const total = std::uint64_t{s.graph.task_count} + s.graph.dynamic_bound;
 
   WarpReadyList<Policy> ready(s);
+  ready.drop(start_roots(s));  // the processors took those themselves
 
   std::uint64_t ready_head = load_relaxed(*s.ready.head);
   std::uint32_t ready_head_slot = static_cast<std::uint32_t>(ready_head % s.ready.capacity);
@@ -362,9 +374,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
     __syncwarp();
     return true;
   };
-  // The roots go out before the first pass: every first credit is already held. The warp
-  // barrier puts lane 0's drained_at store before every lane's ring, so no processor reads the
-  // previous launch's value and keeps a successor ahead of the roots.
+  // The roots the processors did not take go out before the first pass: every first credit is
+  // already held.
   __syncwarp();
   ring_idle();
   bool ok = true;
@@ -453,6 +464,9 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
     store_relaxed(s.doorbells[p].word, doorbell_word(0, kStopRef));
   if (lane == 0) {
     store_relaxed(*s.ready.head, ready_head);
+    // Processors that start the next launch on their roots read it before this scheduler's
+    // successor publishes its own: no backlog is known then.
+    store_relaxed(c.drained_at.value, kNotDrained);
     if (ok) {
       store_relaxed(c.dynamic_emitted.value, std::uint64_t{0});
       store_relaxed(c.retired.value, std::uint64_t{0});

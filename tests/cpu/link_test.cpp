@@ -1,7 +1,14 @@
 // A processor's side of the doorbell protocol (take_next_task, runtime/protocol.hpp) on a state of
 // its own: the ring another thread of the processor already took (the GPU's warp 1 during the
-// finish, peek_ring_warp) stands for the first poll, and a kept successor still goes first.
+// finish, peek_ring_warp) stands for the first poll, a kept successor still goes first, and a
+// launch's roots are taken by the processors without a ring, the ones the scheduler would ring.
+#include <vector>
+
 #include "runtime/protocol.hpp"
+#include "runtime/state_image.hpp"
+#include "scheduler/fifo.hpp"
+#include "scheduler/priority.hpp"
+#include "scheduler/ready_list.hpp"
 #include "tests/cpu/test_support.hpp"
 
 namespace loom::test {
@@ -64,6 +71,59 @@ TEST(ProcessorLink, WithoutAPeekTheDoorbellIsPolled) {
   ASSERT_TRUE(p.take(ref, kStopRef));
   EXPECT_EQ(ref, 9u);
   EXPECT_FALSE(p.link.credit_out);
+}
+
+TEST(ProcessorLink, AStartRootRunsFirstReportedBusyWithRingOneStillOwed) {
+  OneProcessor p;
+  take_start_root(p.s, p.link, 4);
+  EXPECT_EQ(p.report, report_word(1, 0, false));  // busy: no waiting_first credit
+  TaskRef ref = kStopRef;
+  ASSERT_TRUE(p.take(ref, kStopRef));
+  EXPECT_EQ(ref, 4u);
+  EXPECT_TRUE(p.link.credit_out);
+  ++p.link.completed;
+  doorbell_ring(p.bell, 1, 7);  // the scheduler used the first credit as a prefetch
+  ASSERT_TRUE(p.take(ref, kStopRef));
+  EXPECT_EQ(ref, 7u);
+  EXPECT_FALSE(p.link.credit_out);
+  // Without a root nothing is reported: the processor waits for ring 1.
+  OneProcessor q;
+  take_start_root(q.s, q.link, kStopRef);
+  EXPECT_EQ(q.report, kStartReport);
+  EXPECT_EQ(q.link.kept, kStopRef);
+}
+
+// Roots of several priorities, more of them than processors: processor p takes the task the
+// scheduler's list would hand out p-th, and the list the scheduler keeps after dropping them
+// starts with the next one.
+template <class Policy>
+void check_start_roots(std::uint32_t processors) {
+  Recorder r(7);
+  GraphBuilder b;
+  for (std::uint32_t t = 0; t < 7; ++t) b.add_task(stamp_task(r, t, kNoEvent, (t * 5) % 3));
+  Graph const g = b.build();
+  StateOptions o;
+  o.processors = processors;
+  StateLayout const layout(g, o);
+  std::vector<unsigned char> arena(layout.bytes() + 128);
+  void* base = arena.data() + (128 - reinterpret_cast<std::uintptr_t>(arena.data()) % 128);
+  layout.initialize(base);
+  RuntimeState const s = layout.bind(base);
+  ASSERT_EQ(start_roots(s), std::min(7u, processors));
+  ReadyList<Policy> all(s), kept(s);
+  kept.drop(start_roots(s));
+  for (std::uint32_t p = 0; p < start_roots(s); ++p) EXPECT_EQ(start_root<Policy>(s, p), all.pop());
+  EXPECT_EQ(start_root<Policy>(s, start_roots(s)), kStopRef);
+  EXPECT_EQ(kept.size(), all.size());
+  while (!all.empty()) EXPECT_EQ(kept.pop(), all.pop());
+}
+
+TEST(StartRoots, ProcessorsTakeTheRootsTheSchedulerWouldRingFirst) {
+  for (std::uint32_t processors : {1u, 3u, 7u, 9u}) {
+    SCOPED_TRACE("processors " + std::to_string(processors));
+    check_start_roots<FifoPolicy>(processors);
+    check_start_roots<PriorityPolicy>(processors);
+  }
 }
 
 }  // namespace
