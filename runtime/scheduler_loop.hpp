@@ -92,10 +92,11 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
   // Oldest first: with prefetch, a processor that has waited idle gets work before one that just
   // started a task. With s.waiting_first and fewer ready tasks than credits, every waiting
   // processor's credit goes before any prefetch credit (waiting_first). It starts with every
-  // processor's first credit (kStartReport).
+  // processor's first credit (kStartReport), those of processors running a root last
+  // (first_credit_at).
   std::uint64_t idle_head = 0, idle_tail = s.processors;
-  for (std::uint32_t p = 0; p < s.processors; ++p)
-    s.idle_list[p] = idle_entry(p, report_credits(kStartReport));
+  for (std::uint32_t i = 0; i < s.processors; ++i)
+    s.idle_list[i] = idle_entry(first_credit_at(s, i), report_credits(kStartReport));
   std::uint64_t completed = 0;           // tasks reported done by processors
   std::uint32_t waiting = s.processors;  // processors whose last report says they wait
   std::uint64_t ready_pos = load_relaxed(*s.ready.head);

@@ -16,6 +16,14 @@ namespace loom {
 LOOM_HD LOOM_INLINE std::uint32_t start_roots(RuntimeState const& s) {
   return s.graph.root_count < s.processors ? s.graph.root_count : s.processors;
 }
+// The scheduler's credits at a launch's start, oldest first: position i of its ring of credits
+// holds this processor's first credit. The processors without a root come first, those running
+// their roots after them, so that a task emitted while the roots run goes to a processor that
+// waits rather than behind a root, as when the roots were rung and their processors' prefetch
+// credits came in after the others.
+LOOM_HD LOOM_INLINE std::uint32_t first_credit_at(RuntimeState const& s, std::uint32_t i) {
+  return (i + start_roots(s)) % s.processors;
+}
 template <class Policy>
 LOOM_HD LOOM_INLINE TaskRef start_root(RuntimeState const& s, std::uint32_t processor) {
   if (processor >= start_roots(s)) return kStopRef;

@@ -325,10 +325,11 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
   std::uint32_t ready_head_slot = static_cast<std::uint32_t>(ready_head % s.ready.capacity);
   // Credits held, oldest first (with s.waiting_first, waiting processors' ahead of prefetch
   // credits when not all are rung: waiting_first): a ring in own.idle_list (see
-  // scheduler_loop.hpp), starting with every processor's first credit (kStartReport).
+  // scheduler_loop.hpp), starting with every processor's first credit (kStartReport), those of
+  // processors running a root last (first_credit_at).
   for (std::uint32_t p = lane; p < s.processors; p += 32) {
     own.reports_seen[p] = kStartReport;
-    own.idle_list[p] = idle_entry(p, report_credits(kStartReport));
+    own.idle_list[p] = idle_entry(first_credit_at(s, p), report_credits(kStartReport));
   }
   __syncwarp();
   std::uint64_t idle_head_pos = 0, idle_tail_pos = s.processors;

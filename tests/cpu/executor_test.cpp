@@ -178,6 +178,24 @@ TEST(WaitingFirst, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
   }
 }
 
+// Without waiting_first too, a task emitted by a launch's only root while it runs goes to a
+// processor without a root, not behind the root on its processor's first credit: the credits of
+// processors that took a root start at the back of the scheduler's ring (first_credit_at).
+TEST(StartRoots, ATaskEmittedDuringTheOnlyRootRunsOnAnotherProcessor) {
+  constexpr std::uint32_t processors = 4;
+  std::uint32_t shorts_done = 0, emitted_ran = 0, outcome = 0;
+  Hold::Payload const p{Hold::kLong, 0, &shorts_done, &emitted_ran, &outcome, 1'000, 2'000'000};
+  GraphBuilder b;
+  b.add_task(HoldPipeline::make<Hold>(p));
+  b.set_dynamic_bound(1);
+  CpuExecutor<HoldPipeline> ex(one_rank(b.build()), options_with(processors));
+  for (int launch = 0; launch < 3; ++launch) {
+    shorts_done = emitted_ran = outcome = 0;
+    ex.run(SchedulingPolicy::fifo);
+    ASSERT_EQ(outcome, std::uint32_t{Hold::kRanWhileHeld}) << "launch " << launch;
+  }
+}
+
 // Fan-outs wider than one chunk are released by the scheduler (fan-out entries); tasks gated on
 // several of them run once, after the last.
 TEST_F(Executor, WideFanOutsWithSharedGatesRunEachTaskOnceAfterItsPredecessors) {

@@ -506,6 +506,23 @@ TEST(GpuRuntime, ATaskEmittedDuringALongTaskRunsOnAWaitingProcessor) {
   }
 }
 
+// Without waiting_first too, a task emitted by a launch's only root while it runs goes to a
+// processor without a root, not behind the root on its processor's first credit (first_credit_at).
+TEST(GpuRuntime, ATaskEmittedDuringTheOnlyRootRunsOnAnotherProcessor) {
+  LOOM_REQUIRE_GPU();
+  loom::DeviceBuffer<std::uint32_t> words(3);  // shorts done, emitted ran, outcome
+  Hold::Payload const p{Hold::kLong, 0, words.get(), words.get() + 1, words.get() + 2, 50, 200'000};
+  GraphBuilder b;
+  b.add_task(HoldPipeline::make<Hold>(p));
+  b.set_dynamic_bound(1);
+  loom::GpuExecutor<HoldPipeline> ex(b.build());
+  for (int launch = 0; launch < 3; ++launch) {
+    words.fill_bytes(0);
+    ex.run();
+    ASSERT_EQ(words.download()[2], std::uint32_t{Hold::kRanWhileHeld}) << "launch " << launch;
+  }
+}
+
 // The warp's waiting_first orders a ring of credits as the host's does, on random rings: any
 // number of processors, head, credits held, tasks to take and waiting processors.
 __global__ void waiting_first_kernel(std::uint64_t* idle_list, std::uint64_t* seen,
