@@ -2,10 +2,7 @@
 // its own: the ring another thread of the processor already took (the GPU's warp 1 during the
 // finish, peek_ring_warp) stands for the first poll, a kept successor still goes first, and a
 // launch's roots are taken by the processors without a ring, the ones the scheduler would ring.
-#include <vector>
-
 #include "runtime/protocol.hpp"
-#include "runtime/state_image.hpp"
 #include "scheduler/fifo.hpp"
 #include "scheduler/priority.hpp"
 #include "scheduler/ready_list.hpp"
@@ -101,14 +98,10 @@ void check_start_roots(std::uint32_t processors) {
   Recorder r(7);
   GraphBuilder b;
   for (std::uint32_t t = 0; t < 7; ++t) b.add_task(stamp_task(r, t, kNoEvent, (t * 5) % 3));
-  Graph const g = b.build();
   StateOptions o;
   o.processors = processors;
-  StateLayout const layout(g, o);
-  std::vector<unsigned char> arena(layout.bytes() + 128);
-  void* base = arena.data() + (128 - reinterpret_cast<std::uintptr_t>(arena.data()) % 128);
-  layout.initialize(base);
-  RuntimeState const s = layout.bind(base);
+  HostState const hs(b.build(), o);
+  RuntimeState const& s = hs.state();
   ASSERT_EQ(start_roots(s), std::min(7u, processors));
   ReadyList<Policy> all(s), kept(s);
   kept.drop(start_roots(s));

@@ -159,24 +159,6 @@ TEST(Pipeline, MakeSetsTypeEventIdAndPriority) {
   EXPECT_EQ(d.header.event, kNoEvent);
 }
 
-// A RuntimeState of a trivial graph, for calling host bodies outside a launch.
-class HostState {
- public:
-  HostState() : graph_(GraphBuilder{}.build()), layout_(graph_, StateOptions{}) {
-    arena_.resize(layout_.bytes() + 128);
-    void* base = arena_.data() + (128 - reinterpret_cast<std::uintptr_t>(arena_.data()) % 128);
-    layout_.initialize(base);
-    state_ = layout_.bind(base);
-  }
-  RuntimeState const& state() const { return state_; }
-
- private:
-  Graph graph_;
-  StateLayout layout_;
-  std::vector<unsigned char> arena_;
-  RuntimeState state_;
-};
-
 TEST(Pipeline, RunHostCallsTheBodyOfTheTasksType) {
   HostState hs;
   SymmetricView const heap{{}, 0, 0, 1};

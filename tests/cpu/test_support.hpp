@@ -12,8 +12,11 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/runtime.hpp"
+#include "runtime/state_image.hpp"
 #include "tests/seed.hpp"
 
 namespace loom::test {
@@ -23,6 +26,28 @@ class SeededTest : public ::testing::Test {
  protected:
   TracedSeed const seed;
   std::mt19937 rng{seed};
+};
+
+// A RuntimeState laid out and initialised in host memory, as a launch would find it: for calling
+// host bodies outside a launch (a trivial graph by default) and for reading the launch's words.
+class HostState {
+ public:
+  explicit HostState(Graph graph = GraphBuilder{}.build(), StateOptions const& options = {})
+      : graph_(std::move(graph)), layout_(graph_, options) {
+    arena_.resize(layout_.bytes() + 128);
+    void* base = arena_.data() + (128 - reinterpret_cast<std::uintptr_t>(arena_.data()) % 128);
+    layout_.initialize(base);
+    state_ = layout_.bind(base);
+  }
+  HostState(HostState const&) = delete;  // the layout refers to graph_
+  HostState& operator=(HostState const&) = delete;
+  RuntimeState const& state() const { return state_; }
+
+ private:
+  Graph graph_;
+  StateLayout layout_;
+  std::vector<unsigned char> arena_;
+  RuntimeState state_;
 };
 
 // Runs fn; returns the loom::Error message it threw, or a marker saying it threw none.
