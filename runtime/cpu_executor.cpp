@@ -1,6 +1,8 @@
 #include "runtime/cpu_executor.hpp"
 
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 
 namespace loom {
 
@@ -35,10 +37,29 @@ std::vector<TraceRecord> HostRankState::take_trace() {
   return out;
 }
 
+namespace {
+
+// TBB allows the least max_allowed_parallelism of all live global_control objects: a pool that
+// held its own would cap every larger pool alive beside it, whose actors then waited for threads
+// that never came. The pools share one, raised to the most any of them asked for and never
+// lowered: a larger one is made before the smaller one goes. Returns `threads`.
+std::size_t allow_parallelism(std::size_t threads) {
+  static std::mutex mutex;
+  static std::unique_ptr<oneapi::tbb::global_control> control;
+  static std::size_t allowed = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (threads <= allowed) return threads;
+  auto raised = std::make_unique<oneapi::tbb::global_control>(
+      oneapi::tbb::global_control::max_allowed_parallelism, threads);
+  control = std::move(raised);
+  allowed = threads;
+  return threads;
+}
+
+}  // namespace
+
 CpuActorPool::CpuActorPool(std::size_t actors)
-    : actors_(actors),
-      parallelism_(oneapi::tbb::global_control::max_allowed_parallelism, actors + 1),
-      arena_(static_cast<int>(actors + 1), 1) {
+    : actors_(actors), arena_(static_cast<int>(allow_parallelism(actors + 1)), 1) {
   std::size_t const allowed = oneapi::tbb::global_control::active_value(
       oneapi::tbb::global_control::max_allowed_parallelism);
   if (allowed < actors + 1)

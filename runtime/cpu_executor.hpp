@@ -74,7 +74,6 @@ class CpuActorPool {
 
  private:
   std::size_t actors_;
-  oneapi::tbb::global_control parallelism_;
   oneapi::tbb::task_arena arena_;
 };
 

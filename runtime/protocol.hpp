@@ -380,4 +380,11 @@ LOOM_HD LOOM_INLINE void retire_slack(RuntimeState const& s, std::uint32_t n) {
   if (n != 0) fetch_add_acq_rel(s.counters->retired.value, std::uint64_t{n});
 }
 
+// The scheduler's verdict on counters that passed the bound (emitted + retired > bound): tasks
+// emitted past it (as the emitter that crossed it reports, whichever of the two records first),
+// else slack retired past it.
+LOOM_HD LOOM_INLINE ErrorCode bound_passed(std::uint64_t emitted, std::uint64_t bound) {
+  return emitted > bound ? ErrorCode::dynamic_bound_exceeded : ErrorCode::retire_overshoot;
+}
+
 }  // namespace loom

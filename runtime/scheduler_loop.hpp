@@ -144,8 +144,8 @@ LOOM_HD void run_scheduler(RuntimeState const& s, WaiterId who) {
     std::uint64_t const retired = load_acquire(c.retired.value);
     std::uint64_t const emitted = load_relaxed(c.dynamic_emitted.value);
     if (emitted + retired > s.graph.dynamic_bound) {
-      raise_error(*s.error, ErrorCode::retire_overshoot, who.actor, who.block, who.rank, 0, 0,
-                  s.graph.dynamic_bound, emitted + retired);
+      raise_error(*s.error, bound_passed(emitted, s.graph.dynamic_bound), who.actor, who.block,
+                  who.rank, 0, 0, s.graph.dynamic_bound, emitted + retired);
       ok = false;
       break;
     }

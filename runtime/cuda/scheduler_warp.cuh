@@ -430,8 +430,8 @@ __device__ void run_scheduler_warp(RuntimeState const& s, WaiterId who, Schedule
     int decision = 0;  // 0: go on, 1: done, 2: failed
     if (lane == 0) {
       if (emitted + retired > s.graph.dynamic_bound) {
-        raise_error(*s.error, ErrorCode::retire_overshoot, who.actor, who.block, who.rank, 0, 0,
-                    s.graph.dynamic_bound, emitted + retired);
+        raise_error(*s.error, bound_passed(emitted, s.graph.dynamic_bound), who.actor, who.block,
+                    who.rank, 0, 0, s.graph.dynamic_bound, emitted + retired);
         decision = 2;
       } else if (completed + retired == total && idle_tail_pos - idle_head_pos == s.processors &&
                  subscribers_in == s.subscribers) {

@@ -385,6 +385,22 @@ TEST_F(Executor, MoreProcessorsThanTasks) {
   run_and_check(s, r, options_with(8), 3);
 }
 
+// Every executor alive keeps a thread per actor: a smaller one built beside a larger one (TBB
+// takes the least parallelism any live limit allows) does not take the larger one's threads.
+TEST_F(Executor, ASmallerExecutorLeavesALargerOneAThreadPerActor) {
+  Recorder r(3);
+  Shape const s = fan_shape(r, 1);
+  std::uint32_t const processors = 24;
+  CpuExecutor<TestPipeline> large(one_rank(s.graph), options_with(processors));
+  CpuExecutor<TestPipeline> small(one_rank(s.graph), options_with(1));
+  EXPECT_GE(
+      oneapi::tbb::global_control::active_value(
+          oneapi::tbb::global_control::max_allowed_parallelism),
+      std::size_t{processors} + 3);  // the processors, the scheduler, a subscriber, the caller
+  large.run();
+  small.run();
+}
+
 TEST_F(Executor, TraceRecordsEveryTaskOnce) {
   Recorder r(102);
   Shape const s = fan_shape(r, 100);
