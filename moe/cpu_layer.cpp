@@ -9,7 +9,7 @@ namespace loom::moe {
 
 CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, CpuOptions options,
                          tasks::gemm::MmaPath path)
-    : config_(config), shapes_(make_layer_shapes(config, path)) {
+    : config_(config), shapes_(make_layer_shapes(config, path, options.processors)) {
   MoEView const& shape = shapes_.main;  // the sizes, the same in both views
   check_shapes(config, weights);
   router_ = weights.router;
@@ -28,6 +28,8 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   up_done_.assign(shape.max_mtiles, 0);
   block_done_.assign(shape.max_blocks, 0);
   route_arrived_.assign(shape.max_routes, 0);
+  route_sync_.assign(2, 0);
+  pair_ticket_.assign(shape.route_gathers ? rows : 0, 0);
   route_partial_.assign(route_partial_size(shape), 0.0f);
   ids_.assign(rows, -1);
   weights_.assign(rows, 0.0f);
@@ -57,6 +59,8 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
     v.up_done = up_done_.data();
     v.block_done = block_done_.data();
     v.route_arrived = route_arrived_.data();
+    v.route_sync = route_sync_.data();
+    v.pair_ticket = v.route_gathers ? pair_ticket_.data() : nullptr;
     v.route_partial = route_partial_.data();
     ops_.push_back(std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(
         up_gemm_desc(config, pool_.data(), w1_.data(), h_.data()), gemms.up)));
@@ -120,6 +124,7 @@ void CpuMoELayer::run(bf16 const* x, std::uint32_t tokens, bf16* out) {
     std::fill(up_done_.begin(), up_done_.end(), 0u);
     std::fill(block_done_.begin(), block_done_.end(), 0u);
     std::fill(route_arrived_.begin(), route_arrived_.end(), 0u);
+    std::fill(route_sync_.begin(), route_sync_.end(), 0u);
     throw;
   }
 }

@@ -158,6 +158,15 @@ struct GatherTokens {
     index = fetch_add_relaxed(v.fill[e], 1u);
     return v.offsets[e] + index;
   }
+  // The pool row of pair `pair` (token * top_k + slot) routed to expert e: where the route tasks
+  // gather (MoEView::pair_ticket), its route task's ticket past the expert's offset (both written
+  // in this launch, the offsets by another route task: read through L2), else claim's.
+  LOOM_HD static std::uint32_t claim_pair(MoEView const& v, std::int32_t e, std::uint32_t pair,
+                                          std::uint32_t& index) {
+    if (!v.pair_ticket) return claim(v, e, index);
+    index = written_elsewhere(v.pair_ticket[pair]);
+    return written_elsewhere(v.offsets[e]) + index;
+  }
 
   // After the row is written: one arrival on its M-tile group. The arrival that completes the
   // group resets its counter and returns it.
@@ -176,16 +185,17 @@ struct GatherTokens {
       emit_group_tiles(ctx, v.up_type, v, up_tile_ops(v), g, v.up_tasks);
   }
 
-  static void host(Payload const& p, TaskContext& ctx) {
-    MoEView const& v = *p.view;
+  static void host(Payload const& p, TaskContext& ctx) { gather_block_host(*p.view, p.block, ctx); }
+  // Token block `block` of the call, on view v (host).
+  static void gather_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx) {
     std::uint32_t const tokens = v.call[0];
-    for (std::uint32_t t = p.block * v.token_block; t < tokens && t < (p.block + 1) * v.token_block;
+    for (std::uint32_t t = block * v.token_block; t < tokens && t < (block + 1) * v.token_block;
          ++t) {
       for (std::uint32_t j = 0; j < v.top_k; ++j) {
         std::int32_t const e = v.topk_ids[std::size_t{t} * v.top_k + j];
         if (e < 0) continue;
         std::uint32_t index;
-        std::uint32_t const row = claim(v, e, index);
+        std::uint32_t const row = claim_pair(v, e, t * v.top_k + j, index);
         for (std::uint32_t c = 0; c < v.hidden; ++c)
           v.pool[std::size_t{row} * v.hidden + c] = v.x[std::size_t{t} * v.hidden + c];
         v.row_source[row] = t * v.top_k + j;
@@ -199,16 +209,20 @@ struct GatherTokens {
   // (fan_out_rows, kCopyLoads reads in flight per thread); then thread i arrives for pair i, and
   // the block emits the groups those arrivals completed.
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    MoEView const& v = *p.view;
+    gather_block_device(*p.view, p.block, ctx);
+  }
+  // Token block `block` of the call, on view v. Whole block.
+  __device__ static void gather_block_device(MoEView const& v, std::uint32_t block,
+                                             TaskContext& ctx) {
     std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = p.block * v.token_block;
+    std::uint32_t const t0 = block * v.token_block;
     if (t0 >= tokens) return;
     std::uint32_t const n_tokens = tokens - t0 < v.token_block ? tokens - t0 : v.token_block;
     std::uint32_t const pairs = n_tokens * v.top_k;  // <= 32 * 8 = 256
     __shared__ std::uint32_t row_of[kMaxTokenBlock * kMaxTopK], index_of[kMaxTokenBlock * kMaxTopK];
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       std::int32_t const e = v.topk_ids[std::size_t{t0} * v.top_k + i];
-      row_of[i] = e < 0 ? ~0u : claim(v, e, index_of[i]);
+      row_of[i] = e < 0 ? ~0u : claim_pair(v, e, t0 * v.top_k + i, index_of[i]);
     }
     __syncthreads();
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x)

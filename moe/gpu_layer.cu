@@ -16,7 +16,8 @@ LayerBuffers checked_buffers(MoEConfig const& c, MoEView const& shape, MoEWeight
 GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, GpuOptions options,
                          tasks::gemm::MmaPath path)
     : config_(config),
-      shapes_(make_layer_shapes(config, path)),
+      shapes_(make_layer_shapes(config, path,
+                                GpuExecutor<MoEPipeline>::launch_shape(options).grid - 1)),
       buf_(checked_buffers(config, shapes_.main, weights)) {
   std::size_t const rows = std::size_t{config.max_tokens} * config.top_k;
   block_done_ = zeros<std::uint32_t>(shapes_.main.max_blocks);

@@ -39,6 +39,8 @@ LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::u
       rows_arrived(zeros<std::uint32_t>(shape.max_mtiles)),
       up_done(zeros<std::uint32_t>(shape.max_mtiles)),
       route_arrived(zeros<std::uint32_t>(shape.max_routes)),
+      route_sync(zeros<std::uint32_t>(2)),
+      pair_ticket(shape.route_gathers ? slots : 0),
       ids(slots),
       weights(slots),
       route_partial(route_partial_size(shape)),
@@ -146,13 +148,16 @@ void LayerBuffers::bind(MoEView& v) const {
   v.rows_arrived = rows_arrived.get();
   v.up_done = up_done.get();
   v.route_arrived = route_arrived.get();
+  v.route_sync = route_sync.get();
+  v.pair_ticket = v.route_gathers ? pair_ticket.get() : nullptr;
   v.route_partial = route_partial.get();
   v.route_ops = route_gemm ? route_gemm->device() : nullptr;
   v.route_logits = route_logits.get();
 }
 
 void LayerBuffers::lower_counters() {
-  for (auto* b : {&counts, &fill, &rows_arrived, &up_done, &route_arrived}) b->fill_bytes(0);
+  for (auto* b : {&counts, &fill, &rows_arrived, &up_done, &route_arrived, &route_sync})
+    b->fill_bytes(0);
 }
 
 }  // namespace loom::moe

@@ -28,7 +28,8 @@ struct LayerBuffers {
                std::vector<bf16> const& w1, std::vector<bf16> const& w2);
 
   // Points the view's buffers at these (all but y and block_done), and its route_ops at the
-  // router tile's operands when the shape routes on the tensor cores.
+  // router tile's operands when the shape routes on the tensor cores; pair_ticket only where the
+  // view's route tasks gather (route_gathers).
   void bind(MoEView& v) const;
   // Enqueues one call's words on `stream`, ahead of the persistent kernel: x, out, the token
   // count and whether routing is given, into `view` (device memory) and into `second` unless it
@@ -40,12 +41,12 @@ struct LayerBuffers {
                     std::uint32_t top_k, std::int32_t const* given_ids, float const* given_weights,
                     cudaStream_t stream);
   // After a failed call, which may leave them raised: zeroes the counters a call raises and
-  // lowers again (expert counts, pool fill, row and tile arrivals, route parts).
+  // lowers again (expert counts, pool fill, row and tile arrivals, route parts, route_sync).
   void lower_counters();
 
   DeviceBuffer<bf16> router, w1, w2, pool, h;
   DeviceBuffer<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
-      row_source, rows_arrived, up_done, route_arrived;
+      row_source, rows_arrived, up_done, route_arrived, route_sync, pair_ticket;
   DeviceBuffer<std::int32_t> ids;
   DeviceBuffer<float> weights, route_partial;
   // The router on the tensor cores (shape.tile_router): its logits and the tile's operands.

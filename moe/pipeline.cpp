@@ -89,13 +89,18 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
   return v;
 }
 
-LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path) {
+LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path,
+                              std::uint32_t processors) {
   LayerShapes s;
   s.gemms = choose_expert_gemms(c, path);
   s.main = make_view_shape(c, s.gemms);
+  // Route tasks that are the launch's roots, each on a processor of its own, gather.
+  std::uint32_t const routes = route_tasks(s.main) * s.main.route_parts;
+  if (!s.main.tile_router && routes <= processors) s.main.route_gathers = routes;
   s.has_short = short_expert_gemms(c, path, s.short_gemms);
   if (!s.has_short) return s;
   s.short_tiles = make_view_shape(c, s.short_gemms);
+  s.short_tiles.route_gathers = s.main.route_gathers;
   s.main.max_mtiles = s.short_tiles.max_mtiles =
       std::max(s.main.max_mtiles, s.short_tiles.max_mtiles);
   s.main.up_tasks_bound = s.short_tiles.up_tasks_bound =
@@ -108,12 +113,18 @@ LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path) {
 
 std::uint32_t dynamic_bound(MoEView const& v) {
   return v.max_mtiles * (v.up_tasks_bound + v.down_tiles) +
-         2 * v.max_blocks;  // + gathers, combines
+         PlanExperts::block_tasks(v) * v.max_blocks;  // + combines (and gathers)
 }
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {
   GraphBuilder b;
   std::uint32_t const routes = route_tasks(shape) * shape.route_parts;
+  if (shape.route_gathers) {
+    for (std::uint32_t route = 0; route < routes; ++route)
+      b.add_task(MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, kNoEvent, route));
+    b.set_dynamic_bound(dynamic_bound(shape));
+    return b.build();
+  }
   EventId const routed = b.add_event(routes);
   for (std::uint32_t route = 0; route < routes; ++route)
     add_route_task(b, MoEPipeline::make<RouteTokens>(BlockPayload{view, route}, routed, route),

@@ -26,7 +26,9 @@ MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms,
 // The shapes of a one-GPU layer: `main` with the M-tile height chosen from max_tokens, and
 // `short_tiles` (has_short) with 64-row M-tiles for the calls of few tokens when main's are
 // taller. Both have the larger max_mtiles and up_tasks_bound, so the buffers and the dynamic bound
-// cover either.
+// cover either. With route tasks that can each have one of the executor's `processors` (0: not
+// known) from the launch's start (the launch's roots: no RouteTile before them), both views have
+// route_gathers: the route tasks plan and gather the call themselves (moe/route_gather.hpp).
 // Bind both views' buffers alike, then point main.short_view at short_tiles' copy.
 struct LayerShapes {
   MoEView main{}, short_tiles{};
@@ -39,7 +41,8 @@ struct LayerShapes {
     return has_short && tokens <= main.short_tokens ? short_tiles.tile_rows : main.tile_rows;
   }
 };
-LayerShapes make_layer_shapes(MoEConfig const& config, tasks::gemm::MmaPath path);
+LayerShapes make_layer_shapes(MoEConfig const& config, tasks::gemm::MmaPath path,
+                              std::uint32_t processors = 0);
 
 // Adds a route group's route task; with the router on the tensor cores (`tiled`), after that
 // group's RouteTile, make_tile(e) completing event e. Shared by the one-GPU and expert-parallel
@@ -56,7 +59,8 @@ void add_route_task(GraphBuilder& b, Task const& route, bool tiled, MakeTile mak
 }
 
 // The graph over a view that lives in the executor's memory at `view`: a route task per route
-// group (after that group's RouteTile with the router on the tensor cores), then the plan.
+// group (after that group's RouteTile with the router on the tensor cores), then the plan; where
+// the route tasks gather (route_gathers), the route tasks alone.
 Graph build_moe_graph(MoEView const& shape, MoEView const* view);
 
 // Dynamic tasks one call may emit: every possible up and down tile and every combine.

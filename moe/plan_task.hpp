@@ -1,5 +1,7 @@
 // The plan task of the one-GPU layer: after every route task, this call's offsets and M-tiles
 // per expert, the gathers of its token blocks, and the part of the dynamic bound it will not use.
+// Where the route tasks gather (MoEView::route_gathers), the last of them writes the same plan
+// (write_plan) and the graph has no plan task (moe/route_gather.hpp).
 #pragma once
 
 #include "moe/view.hpp"
@@ -33,8 +35,16 @@ struct PlanExperts {
     return v.short_view && v.call[0] <= v.short_tokens ? *v.short_view : v;
   }
 
-  LOOM_HD static void plan(MoEView const& main, TaskContext& ctx) {
+  static void plan(MoEView const& main, TaskContext& ctx) {
     MoEView const& v = tiles_view(main);
+    std::uint32_t const active = active_blocks(v);
+    retire_unused(v, write_plan(v), active, ctx);
+    ctx.emit_many(active, [&](std::uint32_t b) { return gather(v.gather_type, &v, b); });
+  }
+
+  // The call's offsets, M-tiles and token counts per expert from its counts, which it lowers
+  // with the pool's fill; returns the call's M-tiles. Host.
+  static std::uint32_t write_plan(MoEView const& v) {
     std::uint32_t rows = 0, tiles = 0;
     for (std::uint32_t e = 0; e < v.experts; ++e) {
       std::uint32_t const c = load_relaxed(v.counts[e]);
@@ -48,22 +58,22 @@ struct PlanExperts {
     }
     v.offsets[v.experts] = rows;
     v.tile_base[v.experts] = tiles;
-    std::uint32_t const active = active_blocks(v);
-    retire_unused(v, tiles, active, ctx);
-    ctx.emit_many(active, [&](std::uint32_t b) { return gather(v.gather_type, &v, b); });
+    return tiles;
   }
 
   LOOM_HD static std::uint32_t active_blocks(MoEView const& v) {
     return (v.call[0] + v.token_block - 1) / v.token_block;
   }
   // The GEMM tasks the dynamic bound counts and this call does not emit (M-tiles it does not
-  // have; up tasks a view of longer runs leaves out); the gathers and combines of blocks past its
-  // tokens.
+  // have; up tasks a view of longer runs leaves out); the combines of blocks past its tokens, and
+  // their gathers where gathers are tasks.
   LOOM_HD static void retire_unused(MoEView const& v, std::uint32_t tiles, std::uint32_t active,
                                     TaskContext& ctx) {
     ctx.retire(v.max_mtiles * (v.up_tasks_bound + v.down_tiles) -
-               tiles * (v.up_tasks + v.down_tiles) + 2 * (v.max_blocks - active));
+               tiles * (v.up_tasks + v.down_tiles) + block_tasks(v) * (v.max_blocks - active));
   }
+  // Dynamic tasks per token block: its combine, and its gather unless the route tasks gather.
+  LOOM_HD static std::uint32_t block_tasks(MoEView const& v) { return v.route_gathers ? 1 : 2; }
   LOOM_HD static Task gather(std::uint16_t type, MoEView const* v, std::uint32_t block) {
     return encode_task(type, BlockPayload{v, block});
   }
@@ -84,12 +94,25 @@ struct PlanExperts {
   using Scan = cub::WarpScan<RowsAndTiles>;
   static_assert(sizeof(typename Scan::TempStorage) <= kScanBytes);
 
-  // The same plan, with the counts read by the whole block at once and the offsets summed by a
-  // scan over warp 0, each lane taking a run of consecutive experts (one thread's loop over the
-  // experts took 4.7 us for 64 of them, at the head of every call).
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = tiles_view(*p.view);
-    auto* const count = static_cast<std::uint32_t*>(ctx.shared_memory());  // [kMaxExperts]
+    std::uint32_t const tiles = write_plan_device(v, ctx.shared_memory());
+    std::uint32_t const active = active_blocks(v);
+    if (threadIdx.x == 0) retire_unused(v, tiles, active, ctx);
+    // The type and the view in registers: read through v, each descriptor would wait for a
+    // reload after the previous one's stores.
+    std::uint16_t const type = v.gather_type;
+    MoEView const* const view = &v;
+    ctx.emit_many_by_block(active, [&](std::uint32_t b) { return gather(type, view, b); });
+  }
+
+  // write_plan by the whole block, with the counts read at once and the offsets summed by a
+  // scan over warp 0, each lane taking a run of consecutive experts (one thread's loop over the
+  // experts took 4.7 us for 64 of them, at the head of every call). `shared`: shared_bytes of
+  // the block's shared memory. The M-tiles are returned to thread 0; the plan's stores are
+  // fenced before the block's barrier at the end.
+  __device__ static std::uint32_t write_plan_device(MoEView const& v, void* shared) {
+    auto* const count = static_cast<std::uint32_t*>(shared);  // [kMaxExperts]
     auto& scan = *reinterpret_cast<typename Scan::TempStorage*>(count + kMaxExperts);
     RowsAndTiles total{0, 0};  // thread 0's (lane 0 of the scanning warp)
     std::uint32_t const experts = v.experts, tile_rows = v.tile_rows;
@@ -129,15 +152,9 @@ struct PlanExperts {
       counts[e] = 0;
       fill[e] = 0;
     }
-    __threadfence();  // before the gathers that claim from fill are emitted
+    __threadfence();  // before the gathers that read the offsets and claim from fill start
     __syncthreads();
-    std::uint32_t const active = active_blocks(v);
-    if (threadIdx.x == 0) retire_unused(v, total.tiles, active, ctx);
-    // The type and the view in registers: read through v, each descriptor would wait for a
-    // reload after the previous one's stores.
-    std::uint16_t const type = v.gather_type;
-    MoEView const* const view = &v;
-    ctx.emit_many_by_block(active, [&](std::uint32_t b) { return gather(type, view, b); });
+    return total.tiles;
   }
 #endif
 };

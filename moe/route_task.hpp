@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "moe/route_gather.hpp"
 #include "moe/routing.hpp"
 #include "moe/view.hpp"
 #include "runtime/context.hpp"
@@ -68,22 +69,14 @@ struct RouteTokens {
   static void host(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
-    if (v.route_parts > 1 && v.call[1] == 0) return route_part_host(v, group, part, ctx);
-    if (part == 0)
-      for_each_group(v, group, [&](std::uint32_t g) {
+    if (v.route_parts > 1 && v.call[1] == 0)
+      route_part_host(v, group, part, ctx);
+    else if (part == 0)
+      for_each_route_group(v, group, [&](std::uint32_t g) {
         route_host(v, g * v.route_blocks, v.route_blocks, ctx);
         return !ctx.failed();
       });
-  }
-
-  // f(g) for the groups task `first` takes in turn (first, first + route_tasks(v), ...; one on a
-  // layer of route_rounds = 1) that hold tokens of this call, while f returns true.
-  template <class F>
-  LOOM_HD static void for_each_group(MoEView const& v, std::uint32_t first, F const& f) {
-    std::uint32_t const step = route_tasks(v);
-    std::uint32_t const tokens = v.call[0], group_tokens = v.route_blocks * v.token_block;
-    for (std::uint32_t g = first; g < v.max_routes && g * group_tokens < tokens; g += step)
-      if (!f(g)) return;
+    if (v.route_gathers) gather_after_routes_host(v, p.block, ctx);
   }
 
   // Routes token blocks [first, first + blocks) (those within this call's tokens).
@@ -184,7 +177,8 @@ struct RouteTokens {
       }
       for (std::uint32_t j = 0; j < v.top_k; ++j) {
         if (ids[j] < 0) continue;
-        fetch_add_acq_rel(v.counts[ids[j]], 1u);
+        std::uint32_t const ticket = fetch_add_acq_rel(v.counts[ids[j]], 1u);
+        if (v.pair_ticket) v.pair_ticket[std::size_t{t} * v.top_k + j] = ticket;
         ++pairs;
       }
     }
@@ -518,8 +512,8 @@ struct RouteTokens {
   // order. (Picks kept in per-lane arrays went to local memory, and lane 0 counted them one
   // atomic after another. One thread per token, with the lanes of a warp on different tokens,
   // took longer still.)
-  __device__ static std::int32_t select_warp(MoEView const& v, float* row, std::int32_t* ids,
-                                             float* weights, std::uint32_t* counts) {
+  __device__ static std::int32_t select_warp(MoEView const& v, float* row, std::uint32_t token,
+                                             std::int32_t* ids, float* weights) {
     // The view's fields in registers: the stores below could otherwise alias them.
     std::uint32_t const lane = threadIdx.x % 32, experts = v.experts, top_k = v.top_k;
     bool const renormalize = v.renormalize;
@@ -559,7 +553,7 @@ struct RouteTokens {
     if (lane < top_k) {
       ids[lane] = mine;
       weights[lane] = renormalize ? mine_score / sum : mine_score;
-      if (mine >= 0) atomicAdd(&counts[mine], 1u);
+      if (mine >= 0) count_pair(v, mine, token * top_k + lane);
     }
     return mine;
   }
@@ -567,9 +561,10 @@ struct RouteTokens {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
-    if (v.route_parts > 1 && v.call[1] == 0) return route_part_device(v, group, part, ctx);
-    if (part == 0)
-      for_each_group(v, group, [&](std::uint32_t g) {
+    if (v.route_parts > 1 && v.call[1] == 0)
+      route_part_device(v, group, part, ctx);
+    else if (part == 0)
+      for_each_route_group(v, group, [&](std::uint32_t g) {
         // The previous group's shared memory is free. The block stops together once the launch
         // has failed: each thread reads the error word itself, and another block may raise it
         // between two threads' reads.
@@ -577,6 +572,16 @@ struct RouteTokens {
         route_device(v, g * v.route_blocks, v.route_blocks, ctx);
         return true;
       });
+    if (v.route_gathers) gather_after_routes_device(v, p.block, ctx);
+  }
+
+  // Counts pair `pair` (token * top_k + slot) routed to expert e; where the route tasks gather,
+  // keeps its ticket among the expert's pairs (the count before it) as its place in the pool.
+  __device__ static void count_pair(MoEView const& v, std::int32_t e, std::uint32_t pair) {
+    if (v.pair_ticket)
+      v.pair_ticket[pair] = atomicAdd(&v.counts[e], 1u);
+    else
+      atomicAdd(&v.counts[e], 1u);
   }
 
   // Routes token blocks [first, first + blocks), at most kRouteTileTokens tokens (those within
@@ -655,7 +660,7 @@ struct RouteTokens {
       }
       return 0;
     }
-    if (routed) atomicAdd(&v.counts[id], 1u);
+    if (routed) count_pair(v, id, token * v.top_k + lane);
     return __popc(__ballot_sync(0xFFFFFFFFu, routed));
   }
 
@@ -673,7 +678,6 @@ struct RouteTokens {
     bool const given = v.call[1] != 0;
     __syncthreads();
     std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    std::uint32_t* const counts = v.counts;
     for (std::uint32_t t = warp; t < n; t += blockDim.x / 32) {
       std::uint32_t const token = t0 + t;
       std::int32_t* ids = v.topk_ids + std::size_t{token} * v.top_k;
@@ -683,7 +687,7 @@ struct RouteTokens {
         if (lane == 0 && routed != 0) atomicAdd(&pairs[t / token_block], routed);
         continue;
       }
-      std::int32_t const picked = select_warp(v, logits + t * v.experts, ids, weights, counts);
+      std::int32_t const picked = select_warp(v, logits + t * v.experts, token, ids, weights);
       std::uint32_t const routed = __popc(__ballot_sync(0xFFFFFFFFu, picked >= 0));
       if (lane == 0) atomicAdd(&pairs[t / token_block], routed);
     }

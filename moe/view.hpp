@@ -7,6 +7,9 @@
 //   plan    (one task, after every route): offsets, tiles per expert; gives back unused bound
 //   gather  (per token block, after plan): copies each token row to its expert's pool rows; the
 //           last row of an M-tile to arrive emits that tile's up-projection tasks
+//           Where every route task has a processor of its own (route_gathers), there is no plan
+//           task and no gather task: the last route task to count works out the plan, and each
+//           route task then gathers its own blocks (moe/route_gather.hpp).
 //   up      (per M-tile x N-tile, a tensor-core GEMM tile; on 64-row M-tiles a run of up_run
 //           N-tiles): act(x_e · W1_e) into h; the last N-tile of an M-tile group emits the
 //           group's down-projection tasks
@@ -157,6 +160,11 @@ struct MoEView {
   // r + route_tasks(v), ...): 1, or more where a layer sized for many tokens would otherwise
   // have more than kRouteTasks route tasks, most of them without a token of a small call.
   std::uint32_t route_rounds;
+  // 0, or the number of route tasks when each has a processor of its own from the launch's start
+  // (runtime: a root per processor), so that they can wait for one another: then the route tasks
+  // gather their own token blocks once the last of them has planned the call (route_sync), and
+  // the graph has neither a plan task nor gather tasks. Set by the layer (make_layer_shapes).
+  std::uint32_t route_gathers;
   // Routes on the tensor cores (routes_on_tile; route_ops on a GPU): route groups of up to
   // kRouteTileTokens tokens (tile_route_blocks_for), each a RouteTile before its route task.
   bool tile_router;
@@ -188,7 +196,13 @@ struct MoEView {
   std::uint32_t* offsets;        // [E + 1] first pool row of each expert
   std::uint32_t* tile_base;      // [E + 1] first M-tile of each expert
   std::uint32_t* fill;           // [E] rows gathered so far; lowered by plan
-  std::uint32_t* block_pairs;    // [max_blocks] routed pairs per token block
+  // route_gathers: each routed pair's place among its expert's pairs (the ticket its count's
+  // increment returned), written by its route task; null otherwise.
+  std::uint32_t* pair_ticket;  // [T*k]
+  // route_gathers: [0] route tasks that counted this call (the plan, once written, sets it to
+  // route_gathers + 1), [1] route tasks that saw the plan (the last lowers both).
+  std::uint32_t* route_sync;   // [2]
+  std::uint32_t* block_pairs;  // [max_blocks] routed pairs per token block
   // Spread route groups (route_parts > 1): each slice's dot products, and the parts finished
   // per group (lowered by the last, which sums the slices and picks the experts).
   float* route_partial;          // [route_slices][max_tokens][experts]
@@ -258,6 +272,16 @@ inline std::size_t route_partial_size(MoEView const& v) {
 // a group has several parts, so then one task a group).
 LOOM_HD inline std::uint32_t route_tasks(MoEView const& v) {
   return (v.max_routes + v.route_rounds - 1) / v.route_rounds;
+}
+
+// f(g) for the route groups route task `first` takes in turn (first, first + route_tasks(v), ...;
+// one on a layer of route_rounds = 1) that hold tokens of this call, while f returns true.
+template <class F>
+LOOM_HD void for_each_route_group(MoEView const& v, std::uint32_t first, F const& f) {
+  std::uint32_t const step = route_tasks(v);
+  std::uint32_t const tokens = v.call[0], group_tokens = v.route_blocks * v.token_block;
+  for (std::uint32_t g = first; g < v.max_routes && g * group_tokens < tokens; g += step)
+    if (!f(g)) return;
 }
 
 // Payload of the per-token-block tasks (route, gather, combine).

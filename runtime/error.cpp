@@ -62,6 +62,8 @@ char const* to_string(WaitSite w) {
       return "a signal from peer rank";
     case WaitSite::subscriber_poll:
       return "arrivals";
+    case WaitSite::sibling_tasks:
+      return "other tasks of its launch";
   }
   return "unknown wait";
 }

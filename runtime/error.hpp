@@ -38,6 +38,7 @@ enum class WaitSite : std::uint32_t {
   actors_started,      // scheduler waiting for every actor's first report
   signal,              // wait on a symmetric-heap flag (object = peer rank)
   subscriber_poll,     // subscriber waiting for arrivals
+  sibling_tasks,       // a task body waiting for other tasks of its launch (object: its index)
 };
 
 char const* to_string(Actor a);

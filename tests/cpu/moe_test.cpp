@@ -2,10 +2,12 @@
 // routing, every activation, skewed routings; bad input rejected; determinism.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "moe/cpu_layer.hpp"
 #include "moe/ep_pipeline.hpp"
@@ -541,6 +543,160 @@ TEST(CpuMoE, TileRouterShapeRoutesATileOfTokensPerTask) {
     auto out = poisoned(std::size_t{tokens} * c.hidden);
     layer.forward(x.data(), tokens, out.data());
     checks::expect_matches_reference(c, w, x, tokens, layer, out);
+  }
+}
+
+loom::CpuOptions with_processors(std::uint32_t processors) {
+  loom::CpuOptions o;
+  o.processors = processors;
+  return o;
+}
+
+// Route tasks gather where each can have a processor of its own from the launch's start: then the
+// graph is the route tasks alone, and the dynamic bound counts no gathers. Route groups whose
+// router slices are spread over parts count every part; a router on tiles (route tasks that are
+// not the launch's roots) keeps the plan task.
+TEST(CpuMoE, RouteTasksGatherWhereEachHasAProcessor) {
+  using loom::tasks::gemm::MmaPath;
+  MoEConfig c = small_config(Activation::swiglu, 8, 2);
+  c.max_tokens = 24;
+  std::uint32_t const routes = route_tasks(make_view_shape(c, choose_expert_gemms(c)));
+  LayerShapes const planned = make_layer_shapes(c, MmaPath::wgmma, routes - 1);
+  LayerShapes const gathering = make_layer_shapes(c, MmaPath::wgmma, routes);
+  EXPECT_EQ(planned.main.route_gathers, 0u);
+  EXPECT_EQ(gathering.main.route_gathers, routes);
+  EXPECT_EQ(make_layer_shapes(c, MmaPath::wgmma).main.route_gathers, 0u);
+  MoEView const p = planned.main, g = gathering.main;
+  loom::Graph const with_plan = build_moe_graph(p, nullptr), alone = build_moe_graph(g, nullptr);
+  EXPECT_EQ(with_plan.tasks.size(), routes + 1);
+  EXPECT_EQ(alone.tasks.size(), routes);
+  EXPECT_EQ(alone.roots.size(), routes);
+  EXPECT_TRUE(alone.events.empty());
+  EXPECT_EQ(dynamic_bound(p) - dynamic_bound(g), g.max_blocks);
+
+  MoEConfig tall = tall_config();
+  LayerShapes const both = make_layer_shapes(tall, MmaPath::wgmma, 1000);
+  ASSERT_TRUE(both.has_short);
+  EXPECT_EQ(both.main.route_gathers, route_tasks(both.main));
+  EXPECT_EQ(both.short_tiles.route_gathers, both.main.route_gathers);
+
+  MoEConfig tiled = small_config(Activation::swiglu, kMinTileRouterExperts, 2);
+  tiled.max_tokens = 600;
+  LayerShapes const tile_router = make_layer_shapes(tiled, MmaPath::wgmma, 1000);
+  ASSERT_TRUE(tile_router.main.tile_router);
+  EXPECT_EQ(tile_router.main.route_gathers, 0u);
+  MoEConfig few = small_config(Activation::swiglu, 16, 4);
+  few.hidden = 2048;
+  few.max_tokens = 64;
+  LayerShapes const spread = make_layer_shapes(few, MmaPath::mma_sync, 1000);
+  ASSERT_GT(spread.main.route_parts, 1u);
+  EXPECT_EQ(spread.main.route_gathers, route_tasks(spread.main) * spread.main.route_parts);
+}
+
+// One call of x (tokens rows) on a layer whose route tasks gather and on one with the plan task,
+// with the fused router or, given ids and wts, the caller's routing: bitwise the same routing,
+// output and expert counts, the first against the float64 reference (zeros where nothing is
+// routed).
+void expect_gathering_as_planned(MoEConfig const& c, MoEWeights const& w,
+                                 std::vector<bf16> const& x, std::uint32_t tokens,
+                                 CpuMoELayer& gathering, CpuMoELayer& planned,
+                                 checks::Top2Routing const* given = nullptr) {
+  auto a = poisoned(std::size_t{tokens} * c.hidden), b = a;
+  for (auto [layer, out] : {std::pair{&gathering, &a}, std::pair{&planned, &b}}) {
+    if (given)
+      layer->forward(x.data(), tokens, given->ids.data(), given->weights.data(), out->data());
+    else
+      layer->forward(x.data(), tokens, out->data());
+  }
+  if (!given) {
+    checks::expect_matches_reference(c, w, x, tokens, gathering, a);
+  } else {
+    bool const routed =
+        std::any_of(given->ids.begin(), given->ids.end(), [](std::int32_t id) { return id >= 0; });
+    checks::expect_skewed_output(
+        routed ? 0 : 3, a,
+        reference_moe(c, w, x.data(), tokens, given->ids.data(), given->weights.data()));
+  }
+  checks::expect_bitwise_equal(gathering, a, planned, b);
+  EXPECT_EQ(gathering.expert_tokens(), planned.expert_tokens());
+}
+
+// Route tasks that gather (a processor each) and the plan task with its gathers (fewer
+// processors) route and compute bitwise alike, on the fused router and on skewed caller routings,
+// over calls of every size. The tall layer's route tasks each take two token blocks, its calls of
+// few tokens run on short M-tiles, and its experts of many rows on several M-tile groups; the
+// spread layer's groups share out their blocks over the parts their router slices are spread on.
+TEST(CpuMoE, RouteTasksThatGatherComputeAsThePlanDoes) {
+  using loom::tasks::gemm::MmaPath;
+  loom::test::TracedSeed const seed;
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  {
+    MoEConfig c = small_config(Activation::swiglu, 8, 2);
+    c.max_tokens = 24;
+    MoEWeights const w = random_weights(c, seed);
+    std::uint32_t const routes = route_tasks(make_view_shape(c, choose_expert_gemms(c)));
+    CpuMoELayer gathering(c, w, with_processors(routes)), planned(c, w);
+    for (std::uint32_t tokens : {1u, 17u, 24u}) {
+      SCOPED_TRACE("tokens " + std::to_string(tokens));
+      expect_gathering_as_planned(c, w, random_tokens(c, tokens, seed + tokens), tokens, gathering,
+                                  planned);
+    }
+    auto const x = random_tokens(c, 24, seed);
+    for (int pattern = 0; pattern < checks::kSkewedPatterns; ++pattern) {
+      SCOPED_TRACE("pattern " + std::to_string(pattern));
+      auto const given = checks::skewed_top2_of_8(pattern, 24, rng);
+      expect_gathering_as_planned(c, w, x, 24, gathering, planned, &given);
+    }
+  }
+  {
+    MoEConfig few = small_config(Activation::swiglu, 16, 4);
+    few.hidden = 1024;
+    few.max_tokens = 96;
+    MoEView const shape = make_view_shape(few, choose_expert_gemms(few, MmaPath::mma_sync));
+    ASSERT_GT(shape.route_parts, 1u);
+    MoEWeights const w = random_weights(few, seed);
+    CpuMoELayer gathering(few, w, with_processors(route_tasks(shape) * shape.route_parts),
+                          MmaPath::mma_sync),
+        planned(few, w, {}, MmaPath::mma_sync);
+    for (std::uint32_t tokens : {90u, 1u, 96u}) {
+      SCOPED_TRACE("spread, tokens " + std::to_string(tokens));
+      expect_gathering_as_planned(few, w, random_tokens(few, tokens, seed + tokens), tokens,
+                                  gathering, planned);
+    }
+  }
+  MoEConfig const c = tall_config();
+  MoEView const shape = make_view_shape(c, choose_expert_gemms(c));
+  ASSERT_GT(shape.route_blocks, 1u);
+  MoEWeights const w = random_weights(c, seed);
+  CpuMoELayer gathering(c, w, with_processors(route_tasks(shape))), planned(c, w);
+  for (std::uint32_t tokens : {50u, 333u, 1100u}) {
+    SCOPED_TRACE("tall, tokens " + std::to_string(tokens));
+    auto const x = random_tokens(c, tokens, seed + tokens);
+    auto const given = checks::skewed_top2_of_4(tokens, rng);
+    expect_gathering_as_planned(c, w, x, tokens, gathering, planned, &given);
+    expect_gathering_as_planned(c, w, x, tokens, gathering, planned);
+  }
+}
+
+// Route tasks that take several route groups in turn (route_rounds > 1) gather every group they
+// routed, and interleavings stirred by the executor's chaos change no bit.
+TEST(CpuMoE, RouteTasksOfSeveralGroupsGatherEveryGroup) {
+  MoEConfig big = small_config(Activation::swiglu, 8, 2);
+  big.max_tokens = 8192;
+  MoEView const shape = make_view_shape(big, choose_expert_gemms(big));
+  ASSERT_GT(shape.route_rounds, 1u);
+  loom::test::TracedSeed const seed;
+  MoEWeights const w = random_weights(big, seed);
+  loom::CpuOptions stirred = with_processors(route_tasks(shape));
+  stirred.chaos_seed = static_cast<std::uint64_t>(seed) + 1;
+  CpuMoELayer gathering(big, w, with_processors(route_tasks(shape))), chaotic(big, w, stirred),
+      planned(big, w);
+  for (std::uint32_t tokens : checks::route_round_calls(shape, big.max_tokens)) {
+    if (tokens == big.max_tokens) continue;  // the rounds are covered by the call before
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    auto const x = random_tokens(big, tokens, seed + tokens);
+    expect_gathering_as_planned(big, w, x, tokens, gathering, planned);
+    expect_gathering_as_planned(big, w, x, tokens, chaotic, planned);
   }
 }
 

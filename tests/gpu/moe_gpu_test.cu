@@ -181,6 +181,56 @@ TEST(GpuMoE, RouteTasksOfSeveralGroupsRouteEveryToken) {
   }
 }
 
+// Where every route task has a processor of its own, the route tasks plan and gather the call
+// themselves; a layer of fewer processors keeps the plan task and its gathers. Both route and
+// compute bitwise alike (fused router and caller routing, a layer of several route rounds with
+// calls of every size, skewed routings), and match the float64 reference.
+TEST(GpuMoE, RouteTasksThatGatherComputeAsThePlanDoes) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const big = config(Activation::swiglu, RouterScore::softmax, 256, 128, 8, 2, 8192);
+  MoEView const shape = make_view_shape(big, choose_expert_gemms(big));
+  ASSERT_GT(shape.route_rounds, 1u);
+  std::uint32_t const processors = loom::GpuExecutor<MoEPipeline>::launch_shape().grid - 1;
+  if (processors < route_tasks(shape)) GTEST_SKIP() << processors << " processors";
+  ASSERT_NE(
+      make_layer_shapes(big, loom::tasks::gemm::MmaPath::wgmma, processors).main.route_gathers, 0u);
+  loom::test::TracedSeed const seed;
+  MoEWeights const w = random_weights(big, seed);
+  loom::GpuOptions fewer;
+  fewer.max_processors = route_tasks(shape) - 1;
+  GpuMoELayer gathering(big, w), planned(big, w, fewer);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (std::uint32_t tokens : checks::route_round_calls(shape, big.max_tokens)) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    auto const x = random_tokens(big, tokens, seed + tokens);
+    loom::DeviceBuffer<bf16> dx(x), da(std::size_t{tokens} * big.hidden), db(da.size());
+    auto const [ids, wts] = checks::skewed_top2_of_8(2, tokens, rng);
+    loom::DeviceBuffer<std::int32_t> dids(ids);
+    loom::DeviceBuffer<float> dw(wts);
+    for (bool given : {false, true}) {
+      SCOPED_TRACE(given ? "caller routing" : "fused router");
+      da.fill_bytes(0xFF);
+      db.fill_bytes(0xFF);
+      for (GpuMoELayer* layer : {&gathering, &planned}) {
+        loom::DeviceBuffer<bf16>& out = layer == &gathering ? da : db;
+        if (given)
+          layer->forward(dx.get(), tokens, dids.get(), dw.get(), out.get());
+        else
+          layer->forward(dx.get(), tokens, out.get());
+        layer->check();
+      }
+      if (given)
+        EXPECT_LT(relative_error(da.download(),
+                                 reference_moe(big, w, x.data(), tokens, ids.data(), wts.data())),
+                  1e-2);
+      else
+        checks::expect_matches_reference(big, w, x, tokens, gathering, da.download());
+      checks::expect_bitwise_equal(gathering, da.download(), planned, db.download());
+      EXPECT_EQ(gathering.expert_tokens(), planned.expert_tokens());
+    }
+  }
+}
+
 TEST(GpuMoE, SkewedCallerRoutingMatchesReference) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 256, 128, 8, 2, 400);
