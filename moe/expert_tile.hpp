@@ -86,11 +86,14 @@ LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, TileOps con
                   static_cast<std::uint16_t>(m), static_cast<std::uint16_t>(g.mtiles), ops.of(rows),
                   g.sole ? tasks::gemm::L2Hint::evict_first : tasks::gemm::L2Hint::normal});
 }
-// Emits the group's tasks of `type` (`tasks` per M-tile), on `ops` (one thread).
+// Emits the group's tasks of `type` (`tasks` per M-tile), on `ops` (one thread); with keep_first
+// the first for this processor to run next (TaskContext::emit_many).
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
-                                     TileOps const& ops, MTileGroup const& g, std::uint32_t tasks) {
-  return ctx.emit_many(g.mtiles * tasks,
-                       [&](std::uint32_t i) { return group_tile(type, v, ops, g, i); });
+                                     TileOps const& ops, MTileGroup const& g, std::uint32_t tasks,
+                                     bool keep_first = false) {
+  return ctx.emit_many(
+      g.mtiles * tasks, [&](std::uint32_t i) { return group_tile(type, v, ops, g, i); },
+      keep_first);
 }
 
 #if defined(__CUDACC__)
@@ -99,12 +102,13 @@ LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEVi
 // (expert << 16 | first local M-tile), or kNoGroup; warp 0 compacts the list in place into
 // done[] and starts[] (the group's first task among all of them), which may alias no other
 // words the block still reads. The tiles run on OpsOf(v) (up_tile_ops or down_tile_ops), read
-// only when some group completed: most calls emit nothing.
+// only when some group completed: most calls emit nothing. keep_first: TaskContext::emit_many's.
 inline constexpr std::uint32_t kNoGroup = ~0u;
 template <TileOps (*OpsOf)(MoEView const&)>
 __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type, MoEView const& v,
                                             std::uint32_t ntiles, std::uint32_t* done,
-                                            std::uint32_t* starts, std::uint32_t n) {
+                                            std::uint32_t* starts, std::uint32_t n,
+                                            bool keep_first = false) {
   __shared__ std::uint32_t groups, tasks;
   if (threadIdx.x < 32) {
     std::uint32_t const lane = threadIdx.x;
@@ -134,11 +138,14 @@ __device__ inline void emit_groups_by_block(TaskContext& ctx, std::uint16_t type
   if (tasks == 0) return;  // the same word in every thread
   std::uint32_t const count = groups;
   TileOps const ops = OpsOf(v);
-  ctx.emit_many_by_block(tasks, [&](std::uint32_t k) {
-    std::uint32_t const g = run_of(starts, count, k);  // the group whose tiles k is among
-    return group_tile(type, v, ops, mtile_group_of(v, done[g] >> 16, done[g] & 0xffffu),
-                      k - starts[g]);
-  });
+  ctx.emit_many_by_block(
+      tasks,
+      [&](std::uint32_t k) {
+        std::uint32_t const g = run_of(starts, count, k);  // the group whose tiles k is among
+        return group_tile(type, v, ops, mtile_group_of(v, done[g] >> 16, done[g] & 0xffffu),
+                          k - starts[g]);
+      },
+      keep_first);
 }
 #endif
 
@@ -177,17 +184,22 @@ struct GatherTokens {
     store_relaxed(v.rows_arrived[g.slot], 0u);
     return true;
   }
-  // The same, emitting the completed group's up-projection tiles.
+  // The same, emitting the completed group's up-projection tiles (keep_first: the first for
+  // this processor, TaskContext::emit_many).
   LOOM_HD static void arrive(MoEView const& v, std::int32_t e, std::uint32_t index,
-                             TaskContext& ctx) {
+                             TaskContext& ctx, bool keep_first = false) {
     MTileGroup g;
     if (arrive_on_group(v, e, index, g))
-      emit_group_tiles(ctx, v.up_type, v, up_tile_ops(v), g, v.up_tasks);
+      emit_group_tiles(ctx, v.up_type, v, up_tile_ops(v), g, v.up_tasks, keep_first);
   }
 
-  static void host(Payload const& p, TaskContext& ctx) { gather_block_host(*p.view, p.block, ctx); }
-  // Token block `block` of the call, on view v (host).
-  static void gather_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx) {
+  static void host(Payload const& p, TaskContext& ctx) {
+    gather_block_host(*p.view, p.block, ctx, true);
+  }
+  // Token block `block` of the call, on view v (host); keep_first: the first up tile a completed
+  // group emits is this processor's next task (TaskContext::emit_many).
+  static void gather_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx,
+                                bool keep_first) {
     std::uint32_t const tokens = v.call[0];
     for (std::uint32_t t = block * v.token_block; t < tokens && t < (block + 1) * v.token_block;
          ++t) {
@@ -199,7 +211,7 @@ struct GatherTokens {
         for (std::uint32_t c = 0; c < v.hidden; ++c)
           v.pool[std::size_t{row} * v.hidden + c] = v.x[std::size_t{t} * v.hidden + c];
         v.row_source[row] = t * v.top_k + j;
-        arrive(v, e, index, ctx);
+        arrive(v, e, index, ctx, keep_first);
       }
     }
   }
@@ -207,13 +219,15 @@ struct GatherTokens {
 #if defined(__CUDACC__)
   // Thread i < pairs claims pair i's row; the block copies each token row to its pool rows
   // (fan_out_rows, kCopyLoads reads in flight per thread); then thread i arrives for pair i, and
-  // the block emits the groups those arrivals completed.
+  // the block emits the groups those arrivals completed, keeping the first up tile to run next
+  // (the gathers end together, and their processors would otherwise wait for the scheduler to
+  // hand out the up tiles they emitted).
   __device__ static void device(Payload const& p, TaskContext& ctx) {
-    gather_block_device(*p.view, p.block, ctx);
+    gather_block_device(*p.view, p.block, ctx, true);
   }
-  // Token block `block` of the call, on view v. Whole block.
+  // Token block `block` of the call, on view v, keep_first as gather_block_host's. Whole block.
   __device__ static void gather_block_device(MoEView const& v, std::uint32_t block,
-                                             TaskContext& ctx) {
+                                             TaskContext& ctx, bool keep_first) {
     std::uint32_t const tokens = v.call[0];
     std::uint32_t const t0 = block * v.token_block;
     if (t0 >= tokens) return;
@@ -243,7 +257,8 @@ struct GatherTokens {
       row_of[i] = arrive_on_group(v, e, index_of[i], g) ? g.expert << 16 | g.first : kNoGroup;
     }
     __syncthreads();
-    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tasks, row_of, index_of, pairs);
+    emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tasks, row_of, index_of, pairs,
+                                      keep_first);
   }
 #endif
 };

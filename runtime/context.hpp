@@ -28,22 +28,31 @@ class TaskContext {
     return emit_task(state_, task, who_, dog);
   }
   // Emits n dynamic tasks make(0) .. make(n-1) at once (one bound check, one queue ticket per
-  // chunk). Device: one thread calls.
+  // chunk). Device: one thread calls. With keep_first, on a processor that offered a slot
+  // (offer_keep) still empty, make(0) is not queued: the processor runs it next, after this body
+  // and before any task the scheduler rings, on top of tasks already ready. For a body whose
+  // emission opens a phase, so that its processor does not wait on the scheduler for the first
+  // task of it.
   template <class MakeFn>
-  LOOM_HD bool emit_many(std::uint32_t n, MakeFn make) const {
+  LOOM_HD bool emit_many(std::uint32_t n, MakeFn make, bool keep_first = false) const {
     Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
-    return emit_tasks(state_, n, make, who_, dog);
+    return emit_tasks(state_, n, make, who_, dog, keep_first ? keep_ : nullptr);
   }
   // The same, called by every thread of the block with the same n (device: emit_tasks_block,
   // one reservation for all n; host: emit_many). make(i) must be callable from any thread.
   template <class MakeFn>
-  LOOM_HD bool emit_many_by_block(std::uint32_t n, MakeFn make) const {
+  LOOM_HD bool emit_many_by_block(std::uint32_t n, MakeFn make, bool keep_first = false) const {
 #if defined(__CUDA_ARCH__)
     Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
-    return emit_tasks_block(state_, n, make, who_, dog);
+    return emit_tasks_block(state_, n, make, who_, dog, keep_first ? keep_ : nullptr);
 #else
-    return emit_many(n, make);
+    return emit_many(n, make, keep_first);
 #endif
+  }
+  // Set by a processor: where a body's emit_many(..., keep_first) leaves the task it keeps
+  // (kStopRef: none yet). Device: shared memory of the processor block.
+  LOOM_HD void offer_keep(TaskRef* slot) {
+    keep_ = slot;
   }
   // Gives back n tasks of the dynamic bound that this launch will not emit. Device: one thread.
   LOOM_HD void retire(std::uint32_t n) const {
@@ -111,6 +120,7 @@ class TaskContext {
   WaiterId who_;
   SymmetricView const& heap_;
   void* shared_;
+  TaskRef* keep_ = nullptr;
   std::uint32_t task_type_ = 0;
 };
 

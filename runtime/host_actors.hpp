@@ -22,6 +22,8 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
   Watchdog bell_dog(*s.error, who, 2 * s.watchdog_ns, WaitSite::doorbell, me);
   Watchdog push_dog(*s.error, who, s.watchdog_ns, WaitSite::queue_slot, s.ready.id);
   TaskContext ctx(s, epoch, who, heap, nullptr);
+  TaskRef body_kept = kStopRef;  // a task the body emitted and kept to run next
+  ctx.offer_keep(&body_kept);
   ProcessorLink link = ProcessorLink::start(me);
   take_start_root(s, link, start_root<Policy>(s, me));
   for (;;) {
@@ -34,7 +36,12 @@ void run_processor_host(RuntimeState const& s, std::uint32_t me, SymmetricView c
     ctx.set_task_type(task.header.type);
     if (!Pipeline::run_host(task, ctx) || has_error(*s.error)) return;
     record_trace(s, task, me, asked, start);
-    if (!finish_task(s, link, task, epoch, who, push_dog, Policy::local_dispatch)) return;
+    TaskRef const kept = body_kept;
+    body_kept = kStopRef;
+    if (!finish_task(s, link, task, epoch, who, push_dog,
+                     Policy::local_dispatch && kept == kStopRef))
+      return;
+    if (kept != kStopRef) link.kept = kept;
   }
 }
 

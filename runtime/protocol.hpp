@@ -290,10 +290,12 @@ LOOM_HD LOOM_INLINE bool emit_task(RuntimeState const& s, Task const& task, Wait
 }
 
 // Emits `n` dynamic tasks, make(i) for i < n, with one bound check and one queue ticket per chunk:
-// the way a last arriver releases a whole row of tiles.
+// the way a last arriver releases a whole row of tiles. With `keep` pointing at kStopRef, make(0)
+// is written but not queued, and its ref left in *keep for the caller's processor to run next
+// (TaskContext::emit_many, keep_first).
 template <class MakeFn>
 LOOM_HD bool emit_tasks(RuntimeState const& s, std::uint32_t n, MakeFn make, WaiterId who,
-                        Watchdog& dog) {
+                        Watchdog& dog, TaskRef* keep = nullptr) {
   if (n == 0) return true;
   std::uint64_t const first =
       fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{n});
@@ -303,7 +305,12 @@ LOOM_HD bool emit_tasks(RuntimeState const& s, std::uint32_t n, MakeFn make, Wai
     return false;
   }
   TaskRef const base = s.graph.task_count + static_cast<TaskRef>(first);
-  for (std::uint32_t done = 0; done < n; done += kPushChunk) {
+  std::uint32_t const kept = keep != nullptr && *keep == kStopRef ? 1 : 0;
+  if (kept) {
+    s.dynamic_tasks[first] = make(0);
+    *keep = base;
+  }
+  for (std::uint32_t done = kept; done < n; done += kPushChunk) {
     std::uint32_t const m = n - done < kPushChunk ? n - done : kPushChunk;
     std::uint32_t entries[kPushChunk];
     for (std::uint32_t k = 0; k < m; ++k) {
@@ -325,34 +332,41 @@ LOOM_HD bool emit_tasks(RuntimeState const& s, std::uint32_t n, MakeFn make, Wai
 // writes every blockDim.x-th descriptor and queue entry and publishes them behind its own fence.
 // A few round trips to memory whatever n, where emit_tasks from many threads of one block
 // costs each thread its own tickets and fences, and the lanes of a warp take turns (a gather
-// that emitted 40 groups of up tiles so ran for 0.6 ms). False on every thread when it failed.
+// that emitted 40 groups of up tiles so ran for 0.6 ms). `keep` as emit_tasks's (the same pointer
+// on every thread). False on every thread when it failed.
 template <class MakeFn>
 __device__ bool emit_tasks_block(RuntimeState const& s, std::uint32_t n, MakeFn make, WaiterId who,
-                                 Watchdog& dog) {
+                                 Watchdog& dog, TaskRef* keep = nullptr) {
   if (n == 0) return true;               // n is the same on every thread
-  __shared__ std::uint64_t reserved[2];  // dynamic index of make(0), its queue position
+  __shared__ std::uint64_t reserved[2];  // dynamic index of make(0), queue position of the first
+  __shared__ std::uint32_t kept;         // 1: make(0) is kept, not queued
   __shared__ int failed;
   __syncthreads();  // the previous call's words are read by every thread
   if (threadIdx.x == 0) {
     failed = 0;
+    kept = keep != nullptr && *keep == kStopRef ? 1 : 0;
     reserved[0] = fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{n});
     if (reserved[0] + n > s.graph.dynamic_bound) {
       raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0, 0,
                   s.graph.dynamic_bound, reserved[0] + n);
       failed = 1;
     } else {
-      reserved[1] = fetch_add_relaxed(*s.ready.tail, std::uint64_t{n});
+      if (n > kept) reserved[1] = fetch_add_relaxed(*s.ready.tail, std::uint64_t{n - kept});
+      if (kept) *keep = s.graph.task_count + static_cast<TaskRef>(reserved[0]);
     }
   }
   __syncthreads();
   if (failed) return false;
-  std::uint64_t const first = reserved[0], pos = reserved[1];
+  std::uint64_t const first = reserved[0];
+  std::uint32_t const skip = kept;
+  std::uint64_t const pos = reserved[1] - skip;  // queue position of task k: pos + k (k >= skip)
   TaskRef const base = s.graph.task_count + static_cast<TaskRef>(first);
   QueueView const q = s.ready;
   // This thread's slots must be free (their previous lap consumed) before it writes them.
   bool ok = true;
   for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x)
-    for (std::uint64_t seen; (seen = load_relaxed(q.seq[(pos + k) % q.capacity])) != pos + k;)
+    for (std::uint64_t seen;
+         k >= skip && (seen = load_relaxed(q.seq[(pos + k) % q.capacity])) != pos + k;)
       if (!dog.keep_waiting(pos + k, seen)) {
         ok = false;
         break;
@@ -361,12 +375,14 @@ __device__ bool emit_tasks_block(RuntimeState const& s, std::uint32_t n, MakeFn 
   for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x) {
     Task const task = make(k);
     s.dynamic_tasks[first + k] = task;
-    store_relaxed(q.items[(pos + k) % q.capacity], ready_entry(base + k, task.header.priority));
+    if (k >= skip)
+      store_relaxed(q.items[(pos + k) % q.capacity], ready_entry(base + k, task.header.priority));
   }
-  // The release publishes this thread's descriptors and entries with its seq words.
+  // The release publishes this thread's descriptors and entries with its seq words (and the kept
+  // task's descriptor before the processor reads it).
   cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
   for (std::uint32_t k = threadIdx.x; k < n && ok; k += blockDim.x)
-    store_relaxed(q.seq[(pos + k) % q.capacity], pos + k + 1);
+    if (k >= skip) store_relaxed(q.seq[(pos + k) % q.capacity], pos + k + 1);
   // Not through `failed`: a thread that failed here would store it while a slower thread may
   // still be reading it above (and leave before this barrier).
   return !__syncthreads_or(!ok);

@@ -18,6 +18,7 @@ struct ProcessorShared {
   Task next;  // warp 1's: the descriptor of `peeked` (peek_ring_warp)
   TaskRef ref;
   TaskRef peeked;         // the ring warp 1 took during the last finish, or kStopRef
+  TaskRef body_kept;      // a task the body emitted and kept to run next (TaskContext::offer_keep)
   ProcessorLink link;     // thread 0's
   std::uint64_t asked;    // thread 0, tracing: when it began waiting for the task
   std::uint64_t started;  // thread 0, tracing: when the task began
@@ -43,7 +44,8 @@ __device__ __forceinline__ void first_two_warps_barrier() {
 // warp 1 peeks at the doorbell for the ring a prefetch credit asked for and loads its descriptor
 // (peek_ring_warp). Three block barriers per task, and one of warps 0 and 1. When thread 0's
 // arrival releases a successor and the scheduler holds no backlog, the block runs that successor
-// next without going through the scheduler (local dispatch). Thread 0 builds its watchdogs where it
+// next without going through the scheduler (local dispatch), as it runs a task its body emitted
+// and kept (then no successor is kept). Thread 0 builds its watchdogs where it
 // waits, so that they hold no registers during a body. Inlined into the kernel: ptxas serializes a
 // wgmma pipeline that sits in a called function.
 template <class Pipeline, class Policy>
@@ -55,10 +57,12 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
   WaiterId const who{Actor::processor, me, s.rank};
   std::uint64_t const epoch = load_acquire(s.counters->epoch.value);
   TaskContext ctx(s, epoch, who, heap, task_shared);
+  ctx.offer_keep(&sh.body_kept);
   if (threadIdx.x == 0) {
     sh.link = ProcessorLink::start(me);
     take_start_root(s, sh.link, start_root<Policy>(s, me));
     sh.peeked = kStopRef;
+    sh.body_kept = kStopRef;
     sh.alive = true;
   }
   for (;;) {
@@ -98,8 +102,14 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
     block_barrier();
     if (threadIdx.x < 32) {
       if (threadIdx.x == 0) record_trace(s, sh.task, me, sh.asked, sh.started);
-      bool const ok = finish_task_warp(s, sh.link, sh.task, epoch, who, Policy::local_dispatch);
-      if (threadIdx.x == 0) sh.alive = ok;
+      TaskRef const kept = sh.body_kept;
+      bool const ok = finish_task_warp(s, sh.link, sh.task, epoch, who,
+                                       Policy::local_dispatch && kept == kStopRef);
+      if (threadIdx.x == 0) {
+        sh.alive = ok;
+        if (ok && kept != kStopRef) sh.link.kept = kept;
+        sh.body_kept = kStopRef;
+      }
     } else if (threadIdx.x < 64) {
       peek_ring_warp(s, sh.link, s.doorbells[me], sh.next, sh.peeked);
     }

@@ -1,10 +1,33 @@
 // Dynamic emission on the CPU executor: tasks emitted at run time within the declared bound, slack
 // retired when the real count is known, dynamic arrivals on static events, and the errors for
 // breaking the bound (after which the executor runs again).
+#include <algorithm>
+#include <vector>
+
 #include "tests/cpu/test_graphs.hpp"
+#include "tests/keep_task.hpp"
 
 namespace loom::test {
 namespace {
+
+// A body that emits with keep_first runs the first task it emitted next on its own processor,
+// ahead of the processors that wait (which the scheduler would have rung first), and only that
+// one: every task runs once, the root's static successor (pushed, not kept) among them.
+TEST(Dynamic, AKeptEmittedTaskRunsNextOnItsEmittersProcessor) {
+  constexpr std::uint32_t children = 6;
+  for (bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep_first" : "queued");
+    std::vector<std::uint32_t> words(KeepWords::size(children + 2), 0);
+    KeepWords const log{words.data(), children + 2};
+    CpuExecutor<KeepPipeline> ex(one_rank(keeping_graph(log, children, 2000, keep)),
+                                 options_with(4));
+    for (int launch = 0; launch < 3; ++launch) {
+      std::fill(words.begin(), words.end(), 0u);
+      ex.run(SchedulingPolicy::fifo);
+      EXPECT_EQ(keeping_outcome(log, keep), "") << "launch " << launch;
+    }
+  }
+}
 
 TEST(Dynamic, EmitsARandomCountAndRetiresTheRestEveryLaunch) {
   TracedSeed const seed;

@@ -14,6 +14,7 @@
 #include "tasks/empty.hpp"
 #include "tests/gpu/gpu_test_util.cuh"
 #include "tests/hold_task.hpp"
+#include "tests/keep_task.hpp"
 #include "tests/seed.hpp"
 #include "tests/wave_task.hpp"
 
@@ -125,6 +126,10 @@ using loom::test::Wave;  // tests/wave_task.hpp
 using WavePipeline = loom::Pipeline<Wave>;
 using loom::test::Hold;  // tests/hold_task.hpp
 using HoldPipeline = loom::Pipeline<Hold>;
+using loom::test::keeping_graph;  // tests/keep_task.hpp
+using loom::test::keeping_outcome;
+using loom::test::KeepPipeline;
+using loom::test::KeepWords;
 using HugePipeline = loom::Pipeline<Huge>;
 using StuckPipeline = loom::Pipeline<Stuck>;
 
@@ -520,6 +525,27 @@ TEST(GpuRuntime, ATaskEmittedDuringTheOnlyRootRunsOnAnotherProcessor) {
     words.fill_bytes(0);
     ex.run();
     ASSERT_EQ(words.download()[2], std::uint32_t{Hold::kRanWhileHeld}) << "launch " << launch;
+  }
+}
+
+// A body that emits with keep_first runs the first task it emitted next on its own processor,
+// ahead of the waiting processors the scheduler would ring, and only that one
+// (tests/keep_task.hpp; tests/cpu/dynamic_test.cpp for the CPU executor).
+TEST(GpuRuntime, AKeptEmittedTaskRunsNextOnItsEmittersProcessor) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t children = 40;
+  for (bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep_first" : "queued");
+    loom::DeviceBuffer<std::uint32_t> words(KeepWords::size(children + 2));
+    KeepWords const log{words.get(), children + 2};
+    loom::GpuExecutor<KeepPipeline> ex(keeping_graph(log, children, 50, keep));
+    for (int launch = 0; launch < 3; ++launch) {
+      words.fill_bytes(0);
+      ex.run();
+      auto host = words.download();
+      EXPECT_EQ(keeping_outcome(KeepWords{host.data(), children + 2}, keep), "")
+          << "launch " << launch;
+    }
   }
 }
 
