@@ -39,10 +39,9 @@ LOOM_HD inline bool wait_for_plan(MoEView const& v, std::uint32_t task, TaskCont
 // f(b, last) for the token blocks of the call route task `task` gathers, while f returns true:
 // those of the groups it routed, or, where a group's router slices are spread over route_parts
 // tasks, every route_parts-th block of its group from its part on (a group's tasks share out its
-// blocks). `last`: b is the task's last. A block's gather keeps the first up tile it emits only
-// when it is the last (TaskContext::emit_many): kept earlier, the tile would wait for the
-// task's other blocks while processors wait for tiles (T = 16384, four groups a task: 0.5-1.2%
-// slower).
+// blocks). `last`: b is the task's last. A block's gather may keep the first up task it emits
+// (GatherTokens::keeps_up_task) only when it is the last: kept earlier, the task would wait for
+// the route task's other blocks while processors wait for tasks.
 template <class F>
 LOOM_HD void for_each_gathered_block(MoEView const& v, std::uint32_t task, F const& f) {
   std::uint32_t const parts = v.route_parts, tokens = v.call[0];
