@@ -186,8 +186,8 @@ struct GatherTokens {
   }
   // Whether a gather keeps the first up task a group it completes emits (TaskContext::emit_many):
   // where up tasks are runs of N-tiles (64-row M-tiles), long tasks a gather's processor would
-  // otherwise wait for the scheduler to hand out (T = 1024 1.2% faster). Single up tiles are not
-  // kept: the kept tiles, one per group, ran ahead of their groups (T = 4096 0.6% slower).
+  // otherwise wait for the scheduler to hand out (T = 1024 0.6-1.7% faster). With single up tiles
+  // (T = 4096) keeping measured no gain (docs/performance.md, "A body keeps the first task").
   LOOM_HD static bool keeps_up_task(MoEView const& v) { return v.up_run > 1; }
 
   // The same, emitting the completed group's up-projection tiles (keep_first: the first for
