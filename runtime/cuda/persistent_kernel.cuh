@@ -45,9 +45,9 @@ __device__ __forceinline__ void first_two_warps_barrier() {
 // (peek_ring_warp). Three block barriers per task, and one of warps 0 and 1. When thread 0's
 // arrival releases a successor and the scheduler holds no backlog, the block runs that successor
 // next without going through the scheduler (local dispatch), as it runs a task its body emitted
-// and kept (then no successor is kept). Thread 0 builds its watchdogs where it
-// waits, so that they hold no registers during a body. Inlined into the kernel: ptxas serializes a
-// wgmma pipeline that sits in a called function.
+// and kept (then no successor is kept). Thread 0 builds its watchdogs where it waits, so that
+// they hold no registers during a body. Inlined into the kernel: ptxas serializes a wgmma
+// pipeline that sits in a called function.
 template <class Pipeline, class Policy>
 __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
                                                     SymmetricView const& heap,
