@@ -17,6 +17,7 @@
 #include "moe/reference.hpp"
 #include "moe/row_fanout.hpp"
 #include "moe/view.hpp"
+#include "tests/cpu/test_support.hpp"
 #include "tests/moe_checks.hpp"
 #include "tests/seed.hpp"
 
@@ -546,11 +547,7 @@ TEST(CpuMoE, TileRouterShapeRoutesATileOfTokensPerTask) {
   }
 }
 
-loom::CpuOptions with_processors(std::uint32_t processors) {
-  loom::CpuOptions o;
-  o.processors = processors;
-  return o;
-}
+using loom::test::options_with;  // tests/cpu/test_support.hpp
 
 // Route tasks gather where each can have a processor of its own from the launch's start: then the
 // graph is the route tasks alone, and the dynamic bound counts no gathers. Route groups whose
@@ -635,7 +632,7 @@ TEST(CpuMoE, RouteTasksThatGatherComputeAsThePlanDoes) {
     c.max_tokens = 24;
     MoEWeights const w = random_weights(c, seed);
     std::uint32_t const routes = route_tasks(make_view_shape(c, choose_expert_gemms(c)));
-    CpuMoELayer gathering(c, w, with_processors(routes)), planned(c, w);
+    CpuMoELayer gathering(c, w, options_with(routes)), planned(c, w);
     for (std::uint32_t tokens : {1u, 17u, 24u}) {
       SCOPED_TRACE("tokens " + std::to_string(tokens));
       expect_gathering_as_planned(c, w, random_tokens(c, tokens, seed + tokens), tokens, gathering,
@@ -655,7 +652,7 @@ TEST(CpuMoE, RouteTasksThatGatherComputeAsThePlanDoes) {
     MoEView const shape = make_view_shape(few, choose_expert_gemms(few, MmaPath::mma_sync));
     ASSERT_GT(shape.route_parts, 1u);
     MoEWeights const w = random_weights(few, seed);
-    CpuMoELayer gathering(few, w, with_processors(route_tasks(shape) * shape.route_parts),
+    CpuMoELayer gathering(few, w, options_with(route_tasks(shape) * shape.route_parts),
                           MmaPath::mma_sync),
         planned(few, w, {}, MmaPath::mma_sync);
     for (std::uint32_t tokens : {90u, 1u, 96u}) {
@@ -668,7 +665,7 @@ TEST(CpuMoE, RouteTasksThatGatherComputeAsThePlanDoes) {
   MoEView const shape = make_view_shape(c, choose_expert_gemms(c));
   ASSERT_GT(shape.route_blocks, 1u);
   MoEWeights const w = random_weights(c, seed);
-  CpuMoELayer gathering(c, w, with_processors(route_tasks(shape))), planned(c, w);
+  CpuMoELayer gathering(c, w, options_with(route_tasks(shape))), planned(c, w);
   for (std::uint32_t tokens : {50u, 333u, 1100u}) {
     SCOPED_TRACE("tall, tokens " + std::to_string(tokens));
     auto const x = random_tokens(c, tokens, seed + tokens);
@@ -687,9 +684,8 @@ TEST(CpuMoE, RouteTasksOfSeveralGroupsGatherEveryGroup) {
   ASSERT_GT(shape.route_rounds, 1u);
   loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(big, seed);
-  loom::CpuOptions stirred = with_processors(route_tasks(shape));
-  stirred.chaos_seed = static_cast<std::uint64_t>(seed) + 1;
-  CpuMoELayer gathering(big, w, with_processors(route_tasks(shape))), chaotic(big, w, stirred),
+  CpuMoELayer gathering(big, w, options_with(route_tasks(shape))),
+      chaotic(big, w, options_with(route_tasks(shape), static_cast<std::uint64_t>(seed) + 1)),
       planned(big, w);
   for (std::uint32_t tokens : checks::route_round_calls(shape, big.max_tokens)) {
     if (tokens == big.max_tokens) continue;  // the rounds are covered by the call before
