@@ -16,17 +16,17 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   w1_ = pack_up_projection(config, weights);
   w2_ = weights.down;
   std::size_t const rows = std::size_t{config.max_tokens} * config.top_k;
-  call_.assign(2, 0);
+  call_.assign(3, 0);
   counts_.assign(config.experts, 0);
   expert_tokens_.assign(config.experts, 0);
   offsets_.assign(config.experts + 1, 0);
   tile_base_.assign(config.experts + 1, 0);
   fill_.assign(config.experts, 0);
-  block_pairs_.assign(shape.max_blocks, 0);
+  block_pairs_.assign(shape.max_call_blocks, 0);
   row_source_.assign(rows, 0);
   rows_arrived_.assign(shape.max_mtiles, 0);
   up_done_.assign(shape.max_mtiles, 0);
-  block_done_.assign(shape.max_blocks, 0);
+  block_done_.assign(shape.max_call_blocks, 0);
   route_arrived_.assign(shape.max_routes, 0);
   route_sync_.assign(2, 0);
   pair_ticket_.assign(shape.route_gathers ? rows : 0, 0);
@@ -108,6 +108,7 @@ void CpuMoELayer::run(bf16 const* x, std::uint32_t tokens, bf16* out) {
     throw Error("loom: " + std::to_string(tokens) + " tokens exceed max_tokens=" +
                 std::to_string(config_.max_tokens) + " of this layer");
   call_[0] = tokens;
+  call_[2] = call_block_for(shapes_.main, tokens);
   for (MoEView* v : {view_.get(), short_view_.get()}) {
     if (!v) continue;
     v->x = x;

@@ -59,7 +59,7 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
         slice_rows(weights.down, std::size_t{config.hidden} * config.ffn, std::size_t{r} * el, el);
     m.pool.resize(std::size_t{ep.pool_rows} * config.hidden);
     m.h.resize(std::size_t{ep.pool_rows} * config.ffn);
-    m.call.assign(2, 0);
+    m.call.assign(3, 0);
     m.counts.assign(config.experts, 0);
     m.expert_tokens.assign(config.experts, 0);
     m.offsets.assign(el + 1, 0);
@@ -177,6 +177,7 @@ void CpuEpMoELayer::forward(std::vector<EpRankCall> const& calls) {
     }
     m.call[0] = c.tokens;
     m.call[1] = c.ids ? 1u : 0u;
+    m.call[2] = m.view->local.token_block;  // dispatch works in token blocks: the layer's
     m.view->local.x = c.x;
     m.view->local.out = c.out;
     m.last_tokens = c.tokens;

@@ -153,8 +153,9 @@ void GpuEpMoERank::check_call(EpRankCall const& call) const {
 void GpuEpMoERank::prepare(EpRankCall const& call, cudaStream_t stream) {
   ScopedDevice on(device_);
   check_call(call);
-  buf_->enqueue_call(&view_.get()->local, nullptr, call.x, call.out, call.tokens, config_.top_k,
-                     call.ids, call.weights, stream);
+  // Dispatch works in token blocks: the call's blocks are the layer's.
+  buf_->enqueue_call(&view_.get()->local, nullptr, call.x, call.out, call.tokens,
+                     shape_.local.token_block, config_.top_k, call.ids, call.weights, stream);
   last_tokens_ = call.tokens;
 }
 

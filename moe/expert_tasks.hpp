@@ -148,15 +148,16 @@ struct ExpertDown {
     return DownGemm::describe_failure(code, a, b);
   }
 
-  // One arrival per (row, N-tile) on the row's token block, aggregated over runs of rows from the
+  // One arrival per (row, N-tile) on the row's call block, aggregated over runs of rows from the
   // same block; the arrival that completes a block emits its combine.
   LOOM_HD static void finish(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
+    std::uint32_t const pairs_per_block = v.top_k * call_block(v);
     std::uint32_t r = 0;
     while (r < p.rows) {
-      std::uint32_t const block = v.row_source[p.row0 + r] / v.top_k / v.token_block;
+      std::uint32_t const block = v.row_source[p.row0 + r] / pairs_per_block;
       std::uint32_t n = 0;
-      while (r < p.rows && v.row_source[p.row0 + r] / v.top_k / v.token_block == block) ++r, ++n;
+      while (r < p.rows && v.row_source[p.row0 + r] / pairs_per_block == block) ++r, ++n;
       std::uint32_t const want = v.block_pairs[block] * v.down_tiles;
       if (fetch_add_acq_rel(v.block_done[block], n) + n != want) continue;
       store_relaxed(v.block_done[block], 0u);
@@ -182,7 +183,7 @@ struct ExpertDown {
       // out together (an acq_rel arrival would wait for the count's load first), and the last
       // arriver acquires the others' rows with its own fence.
       __threadfence();
-      std::uint32_t const block = v.row_source[p.row0 + threadIdx.x] / v.top_k / v.token_block;
+      std::uint32_t const block = v.row_source[p.row0 + threadIdx.x] / v.top_k / call_block(v);
       std::uint32_t const want = v.block_pairs[block] * v.down_tiles;
       if (fetch_add_relaxed(v.block_done[block], 1u) + 1 == want) {
         __threadfence();

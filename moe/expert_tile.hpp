@@ -202,13 +202,12 @@ struct GatherTokens {
   static void host(Payload const& p, TaskContext& ctx) {
     gather_block_host(*p.view, p.block, ctx, true);
   }
-  // Token block `block` of the call, on view v (host); keep_first: the first up task a completed
+  // Call block `block` (call_block), on view v (host); keep_first: the first up task a completed
   // group emits is this processor's next task, where keeps_up_task.
   static void gather_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx,
                                 bool keep_first) {
-    std::uint32_t const tokens = v.call[0];
-    for (std::uint32_t t = block * v.token_block; t < tokens && t < (block + 1) * v.token_block;
-         ++t) {
+    std::uint32_t const tokens = v.call[0], cb = call_block(v);
+    for (std::uint32_t t = block * cb; t < tokens && t < (block + 1) * cb; ++t) {
       for (std::uint32_t j = 0; j < v.top_k; ++j) {
         std::int32_t const e = v.topk_ids[std::size_t{t} * v.top_k + j];
         if (e < 0) continue;
@@ -231,13 +230,13 @@ struct GatherTokens {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     gather_block_device(*p.view, p.block, ctx, true);
   }
-  // Token block `block` of the call, on view v, keep_first as gather_block_host's. Whole block.
+  // Call block `block`, on view v, keep_first as gather_block_host's. Whole block.
   __device__ static void gather_block_device(MoEView const& v, std::uint32_t block,
                                              TaskContext& ctx, bool keep_first) {
-    std::uint32_t const tokens = v.call[0];
-    std::uint32_t const t0 = block * v.token_block;
+    std::uint32_t const tokens = v.call[0], cb = call_block(v);  // cb <= kMaxTokenBlock
+    std::uint32_t const t0 = block * cb;
     if (t0 >= tokens) return;
-    std::uint32_t const n_tokens = tokens - t0 < v.token_block ? tokens - t0 : v.token_block;
+    std::uint32_t const n_tokens = tokens - t0 < cb ? tokens - t0 : cb;
     std::uint32_t const pairs = n_tokens * v.top_k;  // <= 32 * 8 = 256
     __shared__ std::uint32_t row_of[kMaxTokenBlock * kMaxTopK], index_of[kMaxTokenBlock * kMaxTopK];
     for (std::uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
@@ -291,8 +290,8 @@ struct CombineTokens {
     return acc;
   }
 
-  // The at most token_block tokens one combine covers: list[0, n) where a list is given (another
-  // actor wrote it: read through L2 on the device), else [first, first + n).
+  // The at most kMaxTokenBlock tokens one combine covers: list[0, n) where a list is given
+  // (another actor wrote it: read through L2 on the device), else [first, first + n).
   struct Tokens {
     std::uint32_t const* list;
     std::uint32_t first, n;
@@ -303,9 +302,8 @@ struct CombineTokens {
   };
   LOOM_HD static Tokens block_tokens(Payload const& p) {
     MoEView const& v = *p.view;
-    std::uint32_t const tokens = v.call[0], t0 = p.block * v.token_block;
-    return {nullptr, t0,
-            t0 < tokens ? (tokens - t0 < v.token_block ? tokens - t0 : v.token_block) : 0};
+    std::uint32_t const tokens = v.call[0], cb = call_block(v), t0 = p.block * cb;
+    return {nullptr, t0, t0 < tokens ? (tokens - t0 < cb ? tokens - t0 : cb) : 0};
   }
 
   static void combine_host(MoEView const& v, Tokens const& tokens) {

@@ -20,7 +20,7 @@ GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Gpu
                                 GpuExecutor<MoEPipeline>::launch_shape(options).grid - 1)),
       buf_(checked_buffers(config, shapes_.main, weights)) {
   std::size_t const rows = std::size_t{config.max_tokens} * config.top_k;
-  block_done_ = zeros<std::uint32_t>(shapes_.main.max_blocks);
+  block_done_ = zeros<std::uint32_t>(shapes_.main.max_call_blocks);
   y_ = DeviceBuffer<bf16>(rows * config.hidden);
 
   // One view per M-tile height, over the same buffers, each with its own GEMM operands.
@@ -58,8 +58,9 @@ std::uint32_t GpuMoELayer::mtiles() const {
 }
 
 void GpuMoELayer::enqueue(Call const& call, cudaStream_t stream) {
-  buf_.enqueue_call(view_.get(), short_view_.get(), call.x, call.out, call.tokens, config_.top_k,
-                    call.ids, call.weights, stream);
+  buf_.enqueue_call(view_.get(), short_view_.get(), call.x, call.out, call.tokens,
+                    call_block_for(shapes_.main, call.tokens), config_.top_k, call.ids,
+                    call.weights, stream);
   executor_->launch(stream);
 }
 

@@ -28,13 +28,13 @@ LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::u
       w2(w2_w),
       pool(rows * config.hidden),
       h(rows * config.ffn),
-      call(zeros<std::uint32_t>(2)),
+      call(zeros<std::uint32_t>(3)),
       counts(zeros<std::uint32_t>(config.experts)),
       expert_tokens(zeros<std::uint32_t>(config.experts)),
       offsets(zeros<std::uint32_t>(experts + 1)),
       tile_base(zeros<std::uint32_t>(experts + 1)),
       fill(zeros<std::uint32_t>(experts)),
-      block_pairs(zeros<std::uint32_t>(shape.max_blocks)),
+      block_pairs(zeros<std::uint32_t>(shape.max_call_blocks)),
       row_source(zeros<std::uint32_t>(rows)),
       rows_arrived(zeros<std::uint32_t>(shape.max_mtiles)),
       up_done(zeros<std::uint32_t>(shape.max_mtiles)),
@@ -74,10 +74,10 @@ namespace {
 // place for it, the router tile's map of x, released to the tensor-map proxy; every thread
 // copies its share of the given routing.
 __global__ void set_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out,
-                         std::uint32_t tokens, std::int32_t const* given_ids,
-                         float const* given_weights, std::int32_t* ids, float* weights,
-                         std::size_t slots, tasks::gemm::TensorMapBytes x_map,
-                         tasks::gemm::TensorMapBytes* x_map_at) {
+                         std::uint32_t tokens, std::uint32_t call_block,
+                         std::int32_t const* given_ids, float const* given_weights,
+                         std::int32_t* ids, float* weights, std::size_t slots,
+                         tasks::gemm::TensorMapBytes x_map, tasks::gemm::TensorMapBytes* x_map_at) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (x_map_at) {
       auto const* from = reinterpret_cast<uint4 const*>(x_map.bytes);
@@ -94,6 +94,7 @@ __global__ void set_call(MoEView* view, MoEView* second, bf16 const* x, bf16* ou
     }
     const_cast<std::uint32_t*>(view->call)[0] = tokens;
     const_cast<std::uint32_t*>(view->call)[1] = given_ids ? 1u : 0u;
+    const_cast<std::uint32_t*>(view->call)[2] = call_block;
   }
   if (!given_ids) return;
   for (std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < slots;
@@ -106,7 +107,7 @@ __global__ void set_call(MoEView* view, MoEView* second, bf16 const* x, bf16* ou
 }  // namespace
 
 void LayerBuffers::enqueue_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out,
-                                std::uint32_t tokens, std::uint32_t top_k,
+                                std::uint32_t tokens, std::uint32_t call_block, std::uint32_t top_k,
                                 std::int32_t const* given_ids, float const* given_weights,
                                 cudaStream_t stream) {
   std::size_t const slots = given_ids ? std::size_t{tokens} * top_k : 0;
@@ -124,8 +125,9 @@ void LayerBuffers::enqueue_call(MoEView* view, MoEView* second, bf16 const* x, b
                               "x (router tile)");
     x_map_at = &const_cast<tasks::gemm::GemmOperands*>(route_gemm->device())->a_map;
   }
-  set_call<<<blocks, kThreads, 0, stream>>>(view, second, x, out, tokens, given_ids, given_weights,
-                                            ids.get(), weights.get(), slots, x_map, x_map_at);
+  set_call<<<blocks, kThreads, 0, stream>>>(view, second, x, out, tokens, call_block, given_ids,
+                                            given_weights, ids.get(), weights.get(), slots, x_map,
+                                            x_map_at);
   LOOM_CUDA(cudaGetLastError());
 }
 

@@ -32,14 +32,15 @@ struct LayerBuffers {
   // view's route tasks gather (route_gathers).
   void bind(MoEView& v) const;
   // Enqueues one call's words on `stream`, ahead of the persistent kernel: x, out, the token
-  // count and whether routing is given, into `view` (device memory) and into `second` unless it
-  // is null; with given routing (ids and weights, tokens x top_k each, on this device) also
-  // copies it into ids and weights; with the router on the tensor cores, the router tile's
-  // tensor map of x (which must then be 16-byte aligned). One launch whatever is given. The
-  // callers check that ids and weights are both given or both null.
+  // count, whether routing is given and the call block (tokens per gather and combine), into
+  // `view` (device memory) and into `second` unless it is null; with given routing (ids and
+  // weights, tokens x top_k each, on this device) also copies it into ids and weights; with the
+  // router on the tensor cores, the router tile's tensor map of x (which must then be 16-byte
+  // aligned). One launch whatever is given. The callers check that ids and weights are both given
+  // or both null.
   void enqueue_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out, std::uint32_t tokens,
-                    std::uint32_t top_k, std::int32_t const* given_ids, float const* given_weights,
-                    cudaStream_t stream);
+                    std::uint32_t call_block, std::uint32_t top_k, std::int32_t const* given_ids,
+                    float const* given_weights, cudaStream_t stream);
   // After a failed call, which may leave them raised: zeroes the counters a call raises and
   // lowers again (expert counts, pool fill, row and tile arrivals, route parts, route_sync).
   void lower_counters();

@@ -64,6 +64,7 @@ MoEView make_view_shape(MoEConfig const& c, ExpertGemmConfigs const& gemms, bool
                 " with experts=" + std::to_string(c.experts) + " needs more than " +
                 std::to_string(kRouteSharedBytes) + " bytes of router staging per token");
   v.max_blocks = (c.max_tokens + v.token_block - 1) / v.token_block;
+  v.max_call_blocks = call_blocks_capacity(v.max_blocks);
   v.max_routes = (v.max_blocks + v.route_blocks - 1) / v.route_blocks;
   v.route_slices = (c.hidden / 32 + kRouteSliceChunks - 1) / kRouteSliceChunks;
   v.route_segments = std::min(RouteTokens::split_of(c.experts, kRouteWarps), v.route_slices);
@@ -113,7 +114,7 @@ LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path,
 
 std::uint32_t dynamic_bound(MoEView const& v) {
   return v.max_mtiles * (v.up_tasks_bound + v.down_tiles) +
-         PlanExperts::block_tasks(v) * v.max_blocks;  // + combines (and gathers)
+         PlanExperts::block_tasks(v) * v.max_call_blocks;  // + combines (and gathers)
 }
 
 Graph build_moe_graph(MoEView const& shape, MoEView const* view) {

@@ -1,5 +1,5 @@
 // The plan task of the one-GPU layer: after every route task, this call's offsets and M-tiles
-// per expert, the gathers of its token blocks, and the part of the dynamic bound it will not use.
+// per expert, the gathers of its call blocks, and the part of the dynamic bound it will not use.
 // Where the route tasks gather (MoEView::route_gathers), the last of them writes the same plan
 // (write_plan) and the graph has no plan task (moe/route_gather.hpp).
 #pragma once
@@ -14,7 +14,7 @@
 namespace loom::moe {
 
 // Plan: offsets and M-tiles per expert from this call's counts; lowers the counters route and
-// gather raise; emits the gathers of this call's token blocks and gives back the part of the
+// gather raise; emits the gathers of this call's blocks and gives back the part of the
 // dynamic bound this call will not use. A call of few tokens on a layer that has short M-tiles
 // (MoEView::short_view) runs on that view from here on: the plan counts its tiles and emits its
 // gathers with it. (As static successors of the plan, the gathers of every
@@ -61,18 +61,16 @@ struct PlanExperts {
     return tiles;
   }
 
-  LOOM_HD static std::uint32_t active_blocks(MoEView const& v) {
-    return (v.call[0] + v.token_block - 1) / v.token_block;
-  }
+  LOOM_HD static std::uint32_t active_blocks(MoEView const& v) { return call_blocks(v); }
   // The GEMM tasks the dynamic bound counts and this call does not emit (M-tiles it does not
-  // have; up tasks a view of longer runs leaves out); the combines of blocks past its tokens, and
-  // their gathers where gathers are tasks.
+  // have; up tasks a view of longer runs leaves out); the combines of the call blocks it does not
+  // have, and their gathers where gathers are tasks.
   LOOM_HD static void retire_unused(MoEView const& v, std::uint32_t tiles, std::uint32_t active,
                                     TaskContext& ctx) {
     ctx.retire(v.max_mtiles * (v.up_tasks_bound + v.down_tiles) -
-               tiles * (v.up_tasks + v.down_tiles) + block_tasks(v) * (v.max_blocks - active));
+               tiles * (v.up_tasks + v.down_tiles) + block_tasks(v) * (v.max_call_blocks - active));
   }
-  // Dynamic tasks per token block: its combine, and its gather unless the route tasks gather.
+  // Dynamic tasks per call block: its combine, and its gather unless the route tasks gather.
   LOOM_HD static std::uint32_t block_tasks(MoEView const& v) { return v.route_gathers ? 1 : 2; }
   LOOM_HD static Task gather(std::uint16_t type, MoEView const* v, std::uint32_t block) {
     return encode_task(type, BlockPayload{v, block});

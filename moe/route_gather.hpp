@@ -4,9 +4,9 @@
 // nor the two trips through the scheduler between them: each route task counts its tokens' pairs
 // (keeping each pair's ticket among its expert's pairs), arrives on route_sync[0] and waits; the
 // last to arrive writes the plan (PlanExperts::write_plan), gives back the unused bound and
-// releases the others; then each gathers its own token blocks (GatherTokens, a pair's pool row
-// its expert's offset plus its ticket), whose arrivals emit the up tiles of the M-tile groups
-// they complete, as the gather tasks' do.
+// releases the others; then each gathers its share of the call blocks (GatherTokens, a pair's
+// pool row its expert's offset plus its ticket), whose arrivals emit the up tiles of the M-tile
+// groups they complete, as the gather tasks' do.
 #pragma once
 
 #include "moe/expert_tile.hpp"
@@ -36,29 +36,17 @@ LOOM_HD inline bool wait_for_plan(MoEView const& v, std::uint32_t task, TaskCont
   return true;
 }
 
-// f(b, last) for the token blocks of the call route task `task` gathers, while f returns true:
-// those of the groups it routed, or, where a group's router slices are spread over route_parts
-// tasks, every route_parts-th block of its group from its part on (a group's tasks share out its
-// blocks). `last`: b is the task's last. A block's gather may keep the first up task it emits
-// (GatherTokens::keeps_up_task) only when it is the last: kept earlier, the task would wait for
-// the route task's other blocks while processors wait for tasks.
+// f(b, last) for the call blocks route task `task` gathers, while f returns true: blocks task,
+// task + route_gathers, ..., so that every route task gathers a share, also of a small call whose
+// tokens few of them routed (a layer sized for many tokens). `last`: b is the task's last. A
+// block's gather may keep the first up task it emits (GatherTokens::keeps_up_task) only when it is
+// the last: kept earlier, the task would wait for its other blocks while processors wait for
+// tasks.
 template <class F>
 LOOM_HD void for_each_gathered_block(MoEView const& v, std::uint32_t task, F const& f) {
-  std::uint32_t const parts = v.route_parts, tokens = v.call[0];
-  auto const blocks = [&](auto const& each) {
-    for_each_route_group(v, task / parts, [&](std::uint32_t g) {
-      for (std::uint32_t b = g * v.route_blocks + task % parts;
-           b < (g + 1) * v.route_blocks && b * v.token_block < tokens; b += parts)
-        if (!each(b)) return false;
-      return true;
-    });
-  };
-  std::uint32_t last = ~0u;
-  blocks([&](std::uint32_t b) {
-    last = b;
-    return true;
-  });
-  blocks([&](std::uint32_t b) { return f(b, b == last); });
+  std::uint32_t const blocks = call_blocks(v), step = v.route_gathers;
+  for (std::uint32_t b = task; b < blocks; b += step)
+    if (!f(b, b + step >= blocks)) return;
 }
 
 // Route task `task`, after routing its groups (host).

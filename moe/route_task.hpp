@@ -160,6 +160,7 @@ struct RouteTokens {
     if (t0 >= tokens) return true;  // beyond this call's tokens: plan gives the slack back
     std::uint32_t const t1 = t0 + v.token_block < tokens ? t0 + v.token_block : tokens;
     float logits[kMaxExperts];
+    std::uint32_t const cb = call_block(v);  // divides token_block: the block holds whole ones
     std::uint32_t pairs = 0;
     for (std::uint32_t t = t0; t < t1; ++t) {
       std::int32_t* ids = v.topk_ids + std::size_t{t} * v.top_k;
@@ -181,12 +182,15 @@ struct RouteTokens {
         if (v.pair_ticket) v.pair_ticket[std::size_t{t} * v.top_k + j] = ticket;
         ++pairs;
       }
+      if ((t + 1) % cb != 0 && t + 1 != t1) continue;  // the call block goes on
+      v.block_pairs[t / cb] = pairs;
+      if (pairs == 0) emit_combine(v, t / cb, ctx);
+      pairs = 0;
     }
-    v.block_pairs[block] = pairs;
-    if (pairs == 0) emit_combine(v, block, ctx);
     return true;
   }
 
+  // The combine of call block `block`.
   LOOM_HD static void emit_combine(MoEView const& v, std::uint32_t block, TaskContext& ctx) {
     ctx.emit(encode_task(v.combine_type, BlockPayload{&v, block}));
   }
@@ -601,7 +605,7 @@ struct RouteTokens {
       tile_logits(v, t0, n, logits);
     else if (!given)
       router_logits(v, t0, n, logits, smem + (logit_bytes + 15) / 16 * 16);
-    pick_experts(v, first, blocks, t0, n, logits, ctx);
+    pick_experts(v, t0, n, logits, ctx);
   }
 
   // The logits of tokens [t0, t0 + n), n <= kRouteTileTokens, into logits[n][experts] (shared
@@ -629,7 +633,7 @@ struct RouteTokens {
     float* const logits = reinterpret_cast<float*>(smem);  // [n][experts], then the staged rows
     std::size_t const logit_bytes = std::size_t{n} * v.experts * sizeof(float);
     if (router_part_logits(v, group, part, t0, n, logits, smem + (logit_bytes + 15) / 16 * 16))
-      pick_experts(v, first, v.route_blocks, t0, n, logits, ctx);
+      pick_experts(v, t0, n, logits, ctx);
   }
 
   // The caller's routing of `token`, checked and counted by one warp: lane j takes slot j, so
@@ -664,14 +668,15 @@ struct RouteTokens {
     return __popc(__ballot_sync(0xFFFFFFFFu, routed));
   }
 
-  // Tokens [t0, t0 + n) of blocks [first, first + blocks): top-k from logits[n][experts] (fused
-  // router) or the caller's routing checked; then the expert counts, each block's pair count,
-  // and the combine of a block with no pair. Whole block.
-  __device__ static void pick_experts(MoEView const& v, std::uint32_t first, std::uint32_t blocks,
-                                      std::uint32_t t0, std::uint32_t n, float* logits,
-                                      TaskContext& ctx) {
-    std::uint32_t const tokens = v.call[0], token_block = v.token_block;
-    __shared__ std::uint32_t pairs[kMaxRouteBlocks];  // per token block
+  // Tokens [t0, t0 + n) of this call, n <= kRouteTileTokens, t0 at a token block's start: top-k
+  // from logits[n][experts] (fused router) or the caller's routing checked; then the expert
+  // counts, each call block's pair count, and the combine of a call block with no pair. Whole
+  // block.
+  __device__ static void pick_experts(MoEView const& v, std::uint32_t t0, std::uint32_t n,
+                                      float* logits, TaskContext& ctx) {
+    static_assert(kMaxRouteBlocks >= kRouteTileTokens);  // call blocks of one token or more
+    std::uint32_t const cb = call_block(v), blocks = (n + cb - 1) / cb;
+    __shared__ std::uint32_t pairs[kMaxRouteBlocks];  // per call block
     __shared__ bool failed;
     for (std::uint32_t b = threadIdx.x; b < blocks; b += blockDim.x) pairs[b] = 0;
     if (threadIdx.x == 0) failed = false;
@@ -684,20 +689,18 @@ struct RouteTokens {
       float* weights = v.topk_weights + std::size_t{token} * v.top_k;
       if (given) {
         std::uint32_t const routed = check_and_count_given_warp(v, token, ctx, failed);
-        if (lane == 0 && routed != 0) atomicAdd(&pairs[t / token_block], routed);
+        if (lane == 0 && routed != 0) atomicAdd(&pairs[t / cb], routed);
         continue;
       }
       std::int32_t const picked = select_warp(v, logits + t * v.experts, token, ids, weights);
       std::uint32_t const routed = __popc(__ballot_sync(0xFFFFFFFFu, picked >= 0));
-      if (lane == 0) atomicAdd(&pairs[t / token_block], routed);
+      if (lane == 0) atomicAdd(&pairs[t / cb], routed);
     }
     __syncthreads();
     if (failed) return;
     for (std::uint32_t b = threadIdx.x; b < blocks; b += blockDim.x) {
-      std::uint32_t const block = first + b;
-      if (block * token_block >= tokens) break;
-      v.block_pairs[block] = pairs[b];
-      if (pairs[b] == 0) emit_combine(v, block, ctx);
+      v.block_pairs[t0 / cb + b] = pairs[b];
+      if (pairs[b] == 0) emit_combine(v, t0 / cb + b, ctx);
     }
   }
 #endif

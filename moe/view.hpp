@@ -2,10 +2,11 @@
 // the CPU executor, device memory on the GPU) plus the shape. Tasks carry a pointer to it.
 //
 // Data flow of one call (T tokens, E experts, top-k):
-//   route   (per block of token_block tokens): top-k ids and weights, per-expert counts,
-//           per-block pair counts; a block with no routed pair emits its combine at once
+//   route   (per block of token_block tokens): top-k ids and weights, per-expert counts, pair
+//           counts per call block (call_block(v) tokens, a divisor of token_block: the gathers'
+//           and combines' unit); a call block with no routed pair emits its combine at once
 //   plan    (one task, after every route): offsets, tiles per expert; gives back unused bound
-//   gather  (per token block, after plan): copies each token row to its expert's pool rows; the
+//   gather  (per call block, after plan): copies each token row to its expert's pool rows; the
 //           last row of an M-tile to arrive emits that tile's up-projection tasks
 //           Where every route task has a processor of its own (route_gathers), there is no plan
 //           task and no gather task: the last route task to count works out the plan, and each
@@ -14,8 +15,8 @@
 //           N-tiles): act(x_e · W1_e) into h; the last N-tile of an M-tile group emits the
 //           group's down-projection tasks
 //   down    (per M-tile x N-tile): h · W2_e into y[slot j][token t] (fp32 accumulation, stored
-//           as bf16); the last arrival for a token block emits its combine
-//   combine (per token block): out[t] = sum_j w[t,j] y[j][t] in top-k order, accumulated in fp32
+//           as bf16); the last arrival for a call block emits its combine
+//   combine (per call block): out[t] = sum_j w[t,j] y[j][t] in top-k order, accumulated in fp32
 // Counters that a call raises are lowered again by the task that consumes them, so the next
 // call starts clean without the host touching anything.
 #pragma once
@@ -148,9 +149,12 @@ struct MoEView {
   // and without one.
   MoEView const* short_view;
   std::uint32_t short_tokens, short_rows;
-  std::uint32_t token_block;   // tokens per gather / combine task (a token block)
+  // Tokens per token block: a route task routes route_blocks of them. Gathers and combines take
+  // the call's blocks (call_block), token_block or a divisor of it.
+  std::uint32_t token_block;
   std::uint32_t route_blocks;  // token blocks per route task
   std::uint32_t max_tokens, max_blocks, max_mtiles;
+  std::uint32_t max_call_blocks;    // the most call blocks of any call (call_blocks_capacity)
   std::uint32_t max_routes;         // route groups: max_blocks / route_blocks, rounded up
   std::uint32_t route_slices;       // router K slices (kRouteSliceChunks chunks each)
   std::uint32_t route_segments;     // runs of slices summed apart, then in order
@@ -174,8 +178,9 @@ struct MoEView {
   // Task type ids in the pipeline that runs the layer (for dynamic emission).
   std::uint16_t gather_type, up_type, down_type, combine_type;
 
-  // Per call, in executor memory: tokens this call, and 1 when the caller supplied the routing.
-  std::uint32_t const* call;  // [0] tokens, [1] routing given
+  // Per call, in executor memory: tokens this call, 1 when the caller supplied the routing, and
+  // the tokens per gather and combine (call_block_for).
+  std::uint32_t const* call;  // [0] tokens, [1] routing given, [2] call block
 
   // Inputs and output.
   bf16 const* x;         // [T][H]
@@ -202,7 +207,7 @@ struct MoEView {
   // route_gathers: [0] route tasks that counted this call (the plan, once written, sets it to
   // route_gathers + 1), [1] route tasks that saw the plan (the last lowers both).
   std::uint32_t* route_sync;   // [2]
-  std::uint32_t* block_pairs;  // [max_blocks] routed pairs per token block
+  std::uint32_t* block_pairs;  // [max_call_blocks] routed pairs per call block
   // Spread route groups (route_parts > 1): each slice's dot products, and the parts finished
   // per group (lowered by the last, which sums the slices and picks the experts).
   float* route_partial;          // [route_slices][max_tokens][experts]
@@ -222,7 +227,7 @@ struct MoEView {
   // Arrival counters, lowered by their last arriver.
   std::uint32_t* rows_arrived;  // [max_mtiles] gathered rows per M-tile group (at its first)
   std::uint32_t* up_done;       // [max_mtiles] finished up-projection tiles per M-tile group
-  std::uint32_t* block_done;    // [max_blocks] finished (row, down N-tile) pairs per token block
+  std::uint32_t* block_done;  // [max_call_blocks] finished (row, down N-tile) pairs per call block
 };
 
 // Slices [first, end) of route segment q, and the chunks [first, end) of slice s.
@@ -284,10 +289,35 @@ LOOM_HD void for_each_route_group(MoEView const& v, std::uint32_t first, F const
     if (!f(g)) return;
 }
 
-// Payload of the per-token-block tasks (route, gather, combine).
+// The call's blocks: call_block(v) tokens each (the last may hold fewer), the unit of a gather and
+// of a combine.
+LOOM_HD inline std::uint32_t call_block(MoEView const& v) {
+  return v.call[2];
+}
+LOOM_HD inline std::uint32_t call_blocks(MoEView const& v) {
+  return (v.call[0] + v.call[2] - 1) / v.call[2];
+}
+// The call block of a call of `tokens` tokens: the token block of a layer sized for the call, so
+// that a small call on a layer sized for many tokens still spreads its gathers and combines over
+// about kMinTokenBlocks blocks (a call of 1024 tokens on a layer for 16384: 128 blocks of 8 tokens
+// rather than 32 of 32). A power of two that divides token_block (token_block_for grows with the
+// tokens).
+inline std::uint32_t call_block_for(MoEView const& v, std::uint32_t tokens) {
+  std::uint32_t const b = token_block_for(tokens, v.hidden, v.experts);
+  return b < v.token_block ? b : v.token_block;
+}
+// The most call blocks of any call of up to max_tokens tokens: max_blocks, or fewer than
+// 2 * kMinTokenBlocks where the call block is below the layer's token block (token_block_for
+// stops doubling only there, or where the staging limit stops it for every call alike).
+inline std::uint32_t call_blocks_capacity(std::uint32_t max_blocks) {
+  return max_blocks > 2 * kMinTokenBlocks ? max_blocks : 2 * kMinTokenBlocks;
+}
+
+// Payload of the per-block tasks: route (a route task's index), gather and combine (tokens
+// [block * call_block(v), ...)).
 struct BlockPayload {
   MoEView const* view;
-  std::uint32_t block;  // tokens [block * token_block, ...)
+  std::uint32_t block;
 };
 
 // Bounds the graph declares for dynamic emission.

@@ -499,6 +499,9 @@ TEST(CpuMoE, RouteTasksOfSeveralGroupsRouteEveryToken) {
     MoEConfig fit = big;
     fit.max_tokens = tokens;
     CpuMoELayer exact(fit, w);
+    // Gathers and combines in blocks of the layer sized for the call.
+    EXPECT_EQ(call_block_for(shape, tokens),
+              make_view_shape(fit, choose_expert_gemms(fit)).token_block);
     auto const x = random_tokens(big, tokens, seed + tokens);
     auto a = poisoned(std::size_t{tokens} * big.hidden), b = a;
     layer.forward(x.data(), tokens, a.data());
@@ -506,6 +509,31 @@ TEST(CpuMoE, RouteTasksOfSeveralGroupsRouteEveryToken) {
     checks::expect_matches_reference(big, w, x, tokens, layer, a);
     checks::expect_bitwise_equal(layer, a, exact, b);
   }
+}
+
+// A call's block (its gathers' and combines' tokens) divides the layer's token block, is the
+// layer's at max_tokens, and its blocks fit the per-block words (max_call_blocks) at every call
+// size: over hidden sizes where the route staging caps the token block and where it does not,
+// and layers from a few tokens to many.
+TEST(CpuMoE, CallBlocksDivideTheTokenBlockAndFitTheirWords) {
+  for (std::uint32_t hidden : {128u, 2048u, 7168u})
+    for (std::uint32_t experts : {8u, 64u, 256u})
+      for (std::uint32_t max_tokens : {1u, 100u, 255u, 256u, 1040u, 4101u, 16384u}) {
+        MoEConfig c = small_config(Activation::swiglu, experts, 2);
+        c.hidden = hidden;
+        c.ffn = 128;
+        c.max_tokens = max_tokens;
+        MoEView const v = make_view_shape(c, choose_expert_gemms(c));
+        SCOPED_TRACE(std::to_string(hidden) + " x " + std::to_string(experts) + ", " +
+                     std::to_string(max_tokens) + " tokens");
+        EXPECT_EQ(call_block_for(v, max_tokens), v.token_block);
+        for (std::uint32_t tokens = 1; tokens <= max_tokens; tokens += 1 + tokens / 64) {
+          std::uint32_t const cb = call_block_for(v, tokens);
+          ASSERT_EQ(v.token_block % cb, 0u) << tokens << " tokens";
+          ASSERT_EQ(cb & (cb - 1), 0u) << tokens << " tokens";
+          ASSERT_LE((tokens + cb - 1) / cb, v.max_call_blocks) << tokens << " tokens";
+        }
+      }
 }
 
 // The wgmma layers of 128 to 256 experts route up to kRouteTileTokens tokens per route task (the
@@ -569,7 +597,7 @@ TEST(CpuMoE, RouteTasksGatherWhereEachHasAProcessor) {
   EXPECT_EQ(alone.tasks.size(), routes);
   EXPECT_EQ(alone.roots.size(), routes);
   EXPECT_TRUE(alone.events.empty());
-  EXPECT_EQ(dynamic_bound(p) - dynamic_bound(g), g.max_blocks);
+  EXPECT_EQ(dynamic_bound(p) - dynamic_bound(g), g.max_call_blocks);
 
   MoEConfig tall = tall_config();
   LayerShapes const both = make_layer_shapes(tall, MmaPath::wgmma, 1000);
