@@ -37,9 +37,8 @@ struct PlanExperts {
 
   static void plan(MoEView const& main, TaskContext& ctx) {
     MoEView const& v = tiles_view(main);
-    std::uint32_t const active = active_blocks(v);
-    retire_unused(v, write_plan(v), active, ctx);
-    ctx.emit_many(active, [&](std::uint32_t b) { return gather(v.gather_type, &v, b); });
+    retire_unused(v, write_plan(v), ctx);
+    ctx.emit_many(call_blocks(v), [&](std::uint32_t b) { return gather(v.gather_type, &v, b); });
   }
 
   // The call's offsets, M-tiles and token counts per expert from its counts, which it lowers
@@ -61,14 +60,13 @@ struct PlanExperts {
     return tiles;
   }
 
-  LOOM_HD static std::uint32_t active_blocks(MoEView const& v) { return call_blocks(v); }
   // The GEMM tasks the dynamic bound counts and this call does not emit (M-tiles it does not
   // have; up tasks a view of longer runs leaves out); the combines of the call blocks it does not
   // have, and their gathers where gathers are tasks.
-  LOOM_HD static void retire_unused(MoEView const& v, std::uint32_t tiles, std::uint32_t active,
-                                    TaskContext& ctx) {
+  LOOM_HD static void retire_unused(MoEView const& v, std::uint32_t tiles, TaskContext& ctx) {
     ctx.retire(v.max_mtiles * (v.up_tasks_bound + v.down_tiles) -
-               tiles * (v.up_tasks + v.down_tiles) + block_tasks(v) * (v.max_call_blocks - active));
+               tiles * (v.up_tasks + v.down_tiles) +
+               block_tasks(v) * (v.max_call_blocks - call_blocks(v)));
   }
   // Dynamic tasks per call block: its combine, and its gather unless the route tasks gather.
   LOOM_HD static std::uint32_t block_tasks(MoEView const& v) { return v.route_gathers ? 1 : 2; }
@@ -95,8 +93,8 @@ struct PlanExperts {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = tiles_view(*p.view);
     std::uint32_t const tiles = write_plan_device(v, ctx.shared_memory());
-    std::uint32_t const active = active_blocks(v);
-    if (threadIdx.x == 0) retire_unused(v, tiles, active, ctx);
+    std::uint32_t const active = call_blocks(v);
+    if (threadIdx.x == 0) retire_unused(v, tiles, ctx);
     // The type and the view in registers: read through v, each descriptor would wait for a
     // reload after the previous one's stores.
     std::uint16_t const type = v.gather_type;

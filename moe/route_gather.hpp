@@ -54,8 +54,7 @@ inline void gather_after_routes_host(MoEView const& main, std::uint32_t task, Ta
   if (ctx.failed()) return;  // its check failed: the launch ends, and the waits with it
   MoEView const& v = PlanExperts::tiles_view(main);
   if (fetch_add_acq_rel(main.route_sync[0], 1u) + 1 == main.route_gathers) {
-    std::uint32_t const active = PlanExperts::active_blocks(v);
-    PlanExperts::retire_unused(v, PlanExperts::write_plan(v), active, ctx);
+    PlanExperts::retire_unused(v, PlanExperts::write_plan(v), ctx);
     store_release(main.route_sync[0], plan_written(main));
   } else if (!wait_for_plan(main, task, ctx)) {
     return;
@@ -83,7 +82,7 @@ __device__ inline void gather_after_routes_device(MoEView const& main, std::uint
   if (last) {
     std::uint32_t const tiles = PlanExperts::write_plan_device(v, ctx.shared_memory());
     if (threadIdx.x == 0) {
-      PlanExperts::retire_unused(v, tiles, PlanExperts::active_blocks(v), ctx);
+      PlanExperts::retire_unused(v, tiles, ctx);
       store_release(main.route_sync[0], plan_written(main));
       go = true;
     }
