@@ -19,9 +19,13 @@ LOOM_HD inline std::uint32_t plan_written(MoEView const& v) {
   return v.route_gathers + 1;
 }
 
-// After a task has seen the plan: counts it on route_sync[1]; the last lowers both words for the
-// next call (every route task has then read route_sync[0] for the last time).
-LOOM_HD inline void leave_route_sync(MoEView const& v) {
+// After route task `task` has seen the plan: counts it on route_sync[1]; the last lowers both
+// words for the next call (every route task has then read route_sync[0] for the last time). Part 0
+// of a spread group lowers the group's route_arrived: every part arrived on route_sync[0] after
+// its wait for the others (RouteTokens::wait_for_parts), so none reads the word again.
+LOOM_HD inline void leave_route_sync(MoEView const& v, std::uint32_t task) {
+  if (v.route_parts > 1 && task % v.route_parts == 0)
+    store_relaxed(v.route_arrived[task / v.route_parts], 0u);
   if (fetch_add_acq_rel(v.route_sync[1], 1u) + 1 != v.route_gathers) return;
   store_relaxed(v.route_sync[0], 0u);
   store_relaxed(v.route_sync[1], 0u);
@@ -59,7 +63,7 @@ inline void gather_after_routes_host(MoEView const& main, std::uint32_t task, Ta
   } else if (!wait_for_plan(main, task, ctx)) {
     return;
   }
-  leave_route_sync(main);
+  leave_route_sync(main, task);
   for_each_gathered_block(main, task, [&](std::uint32_t b, bool last) {
     GatherTokens::gather_block_host(v, b, ctx, last);
     return !ctx.failed();
@@ -91,7 +95,7 @@ __device__ inline void gather_after_routes_device(MoEView const& main, std::uint
   }
   __syncthreads();
   if (!go) return;
-  if (threadIdx.x == 0) leave_route_sync(main);
+  if (threadIdx.x == 0) leave_route_sync(main, task);
   for_each_gathered_block(main, task, [&](std::uint32_t b, bool last) {
     if (__syncthreads_or(ctx.failed())) return false;
     GatherTokens::gather_block_device(v, b, ctx, last);

@@ -97,8 +97,10 @@ struct RouteTokens {
       if (!route_block_host(v, block, ctx, logits_of)) return;
   }
 
-  // One part of a spread group: its slices' dot products for the group's tokens; the last part
-  // to finish sums them (in the order route_host does) and routes the group's blocks.
+  // One part of a spread group: its slices' dot products for the group's tokens, then the pick.
+  // Where the route tasks gather (each has a processor of its own), every part waits for the
+  // others and routes its share of the group's blocks (part_share); elsewhere the last part to
+  // finish routes them all. Either way the logits are summed in the order route_host adds them.
   static void route_part_host(MoEView const& v, std::uint32_t group, std::uint32_t part,
                               TaskContext& ctx) {
     std::uint32_t const tokens = v.call[0], first = group * v.route_blocks;
@@ -111,11 +113,45 @@ struct RouteTokens {
       for (std::uint32_t s = s0; s < s1; ++s)
         for (std::uint32_t e = 0; e < v.experts; ++e)
           v.route_partial[partial_index(v, s, t, e)] = slice_dot_host(v, t, e, s);
-    if (fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 != v.route_parts) return;
-    store_relaxed(v.route_arrived[group], 0u);
-    route_blocks_host(v, first, v.route_blocks, ctx, [&](std::uint32_t t, float* out) {
+    bool const last = fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 == v.route_parts;
+    BlockRange blocks{first, v.route_blocks};
+    if (v.route_gathers) {
+      if (!last && !wait_for_parts(v, group, part, ctx)) return;
+      blocks = part_share(v, group, part);
+    } else if (last) {
+      store_relaxed(v.route_arrived[group], 0u);
+    } else {
+      return;
+    }
+    route_blocks_host(v, blocks.first, blocks.count, ctx, [&](std::uint32_t t, float* out) {
       for (std::uint32_t e = 0; e < v.experts; ++e) out[e] = sum_slices(v, t, e);
     });
+  }
+
+  struct BlockRange {
+    std::uint32_t first, count;  // token blocks
+  };
+
+  // The token blocks part `part` of spread group `group` routes when the parts wait for one
+  // another: a contiguous share of the group's blocks that hold tokens of this call, the first
+  // parts taking one more where they do not divide evenly (none past the blocks).
+  LOOM_HD static BlockRange part_share(MoEView const& v, std::uint32_t group, std::uint32_t part) {
+    std::uint32_t const first = group * v.route_blocks, t0 = first * v.token_block;
+    std::uint32_t const left = (v.call[0] - t0 + v.token_block - 1) / v.token_block;
+    std::uint32_t const blocks = left < v.route_blocks ? left : v.route_blocks;
+    std::uint32_t const each = blocks / v.route_parts, extra = blocks % v.route_parts;
+    std::uint32_t const before = part * each + (part < extra ? part : extra);
+    return {first + before, each + (part < extra ? 1u : 0u)};
+  }
+
+  // Waits (bounded) until every part of spread group `group` has stored its slices. False when the
+  // wait ended on an error (this task's or another actor's).
+  LOOM_HD static bool wait_for_parts(MoEView const& v, std::uint32_t group, std::uint32_t part,
+                                     TaskContext& ctx) {
+    Watchdog dog = ctx.watchdog(WaitSite::sibling_tasks, group * v.route_parts + part);
+    for (std::uint32_t seen; (seen = load_acquire(v.route_arrived[group])) != v.route_parts;)
+      if (!dog.keep_waiting(v.route_parts, seen)) return false;
+    return true;
   }
 
   LOOM_HD static std::size_t partial_index(MoEView const& v, std::uint32_t s, std::uint32_t t,
@@ -389,11 +425,9 @@ struct RouteTokens {
   }
 
   // One part of a spread group: the dot products of its slices for tokens [t0, t0 + n), to
-  // route_partial. Returns true in the part that finished last, which has summed all slices
-  // into logits[n][experts].
-  __device__ static bool router_part_logits(MoEView const& v, std::uint32_t group,
-                                            std::uint32_t part, std::uint32_t t0, std::uint32_t n,
-                                            float* logits, unsigned char* xs) {
+  // route_partial (the token rows staged at xs).
+  __device__ static void store_part_slices(MoEView const& v, std::uint32_t part, std::uint32_t t0,
+                                           std::uint32_t n, unsigned char* xs) {
     std::uint32_t const s0 = part * v.route_part_slices;
     std::uint32_t const s1 = min(s0 + v.route_part_slices, v.route_slices);
     StagedRows const x =
@@ -407,23 +441,12 @@ struct RouteTokens {
       slice_mma<1>(v, x, nt, s, dot);
       store_tile(dot[0], nt, n, experts, v.route_partial + partial_index(v, s, t0, 0), experts);
     }
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 == v.route_parts;
-      if (last) store_relaxed(v.route_arrived[group], 0u);
-    }
-    __syncthreads();
-    if (!last) return false;
-    sum_parts(v, t0, n, logits, xs);
-    return true;
   }
 
-  // The last part of a group: logits[n][experts] from every slice's dot products, added in the
-  // order of in_segment_order. Rounds of as many slices as fit in `scratch` (the rest of the
-  // task's shared memory) are copied with all loads in flight, then each thread adds them for its
-  // outputs, keeping the open segment's sum in scratch. (Summing straight from memory, each
+  // A part that picks: logits[n][experts] of tokens [t0, t0 + n) from every slice's dot products,
+  // added in the order of in_segment_order. Rounds of as many slices as fit in `scratch` (the rest
+  // of the task's shared memory) are copied with all loads in flight, then each thread adds them
+  // for its outputs, keeping the open segment's sum in scratch. (Summing straight from memory, each
   // output's slices came one round trip after another.)
   __device__ static void sum_parts(MoEView const& v, std::uint32_t t0, std::uint32_t n,
                                    float* logits, unsigned char* scratch_bytes) {
@@ -622,18 +645,37 @@ struct RouteTokens {
     __syncthreads();
   }
 
-  // A part of a spread group (route_parts > 1, fused router); the last part picks the experts.
+  // A part of a spread group (route_parts > 1, fused router): its slices, then, as
+  // route_part_host, the pick of its share of the group's blocks (route tasks that gather) or, in
+  // the last part to finish, of them all.
   __device__ static void route_part_device(MoEView const& v, std::uint32_t group,
                                            std::uint32_t part, TaskContext& ctx) {
     std::uint32_t const tokens = v.call[0], first = group * v.route_blocks;
     std::uint32_t const t0 = first * v.token_block;
     if (t0 >= tokens) return;
-    std::uint32_t const n = min(tokens - t0, v.route_blocks * v.token_block);
     auto* const smem = static_cast<unsigned char*>(ctx.shared_memory());
-    float* const logits = reinterpret_cast<float*>(smem);  // [n][experts], then the staged rows
+    store_part_slices(v, part, t0, min(tokens - t0, v.route_blocks * v.token_block), smem);
+    __shared__ bool pick;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      bool const last = fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 == v.route_parts;
+      if (v.route_gathers)
+        pick = last || wait_for_parts(v, group, part, ctx);
+      else if ((pick = last))
+        store_relaxed(v.route_arrived[group], 0u);
+    }
+    __syncthreads();
+    if (!pick) return;
+    BlockRange const blocks =
+        v.route_gathers ? part_share(v, group, part) : BlockRange{first, v.route_blocks};
+    std::uint32_t const p0 = blocks.first * v.token_block;
+    if (blocks.count == 0) return;
+    std::uint32_t const n = min(tokens - p0, blocks.count * v.token_block);
+    float* const logits = reinterpret_cast<float*>(smem);  // [n][experts], then scratch
     std::size_t const logit_bytes = std::size_t{n} * v.experts * sizeof(float);
-    if (router_part_logits(v, group, part, t0, n, logits, smem + (logit_bytes + 15) / 16 * 16))
-      pick_experts(v, t0, n, logits, ctx);
+    sum_parts(v, p0, n, logits, smem + (logit_bytes + 15) / 16 * 16);
+    pick_experts(v, p0, n, logits, ctx);
   }
 
   // The caller's routing of `token`, checked and counted by one warp: lane j takes slot j, so

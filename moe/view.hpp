@@ -209,7 +209,9 @@ struct MoEView {
   std::uint32_t* route_sync;   // [2]
   std::uint32_t* block_pairs;  // [max_call_blocks] routed pairs per call block
   // Spread route groups (route_parts > 1): each slice's dot products, and the parts finished
-  // per group (lowered by the last, which sums the slices and picks the experts).
+  // per group. Where the route tasks gather, every part waits for the others and picks the experts
+  // of its share of the group's blocks, and part 0 lowers the word once it has seen the plan;
+  // elsewhere the last part lowers it and picks them all.
   float* route_partial;          // [route_slices][max_tokens][experts]
   std::uint32_t* route_arrived;  // [max_routes]
   // The router on the tensor cores (GPU layers whose shape has tile_router; null otherwise): a

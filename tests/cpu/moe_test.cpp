@@ -536,6 +536,50 @@ TEST(CpuMoE, CallBlocksDivideTheTokenBlockAndFitTheirWords) {
       }
 }
 
+// Where route tasks gather, the parts of a spread route group each pick the experts of a share of
+// the group's blocks (RouteTokens::part_share): over every call size, the shares of a group's
+// parts are contiguous, in part order, cover exactly the group's blocks that hold tokens of the
+// call, and differ by at most one block, with more parts than blocks and fewer.
+TEST(CpuMoE, SpreadGroupPartsShareOutTheirBlocks) {
+  struct Shape {
+    std::uint32_t hidden, experts, top_k, max_tokens;
+  };
+  bool fewer = false, not_fewer = false;  // blocks in the call than the group's parts
+  for (Shape const s : {Shape{1024, 16, 4, 96}, Shape{2048, 64, 2, 1024}, Shape{7168, 64, 8, 128},
+                        Shape{7168, 64, 8, 1000}, Shape{4096, 32, 2, 300}}) {
+    MoEConfig c = small_config(Activation::swiglu, s.experts, s.top_k);
+    c.hidden = s.hidden;
+    c.max_tokens = s.max_tokens;
+    MoEView v = make_view_shape(c, choose_expert_gemms(c, loom::tasks::gemm::MmaPath::mma_sync));
+    SCOPED_TRACE(std::to_string(s.hidden) + " x " + std::to_string(s.experts) + ", " +
+                 std::to_string(s.max_tokens) + " tokens");
+    ASSERT_GT(v.route_parts, 1u);
+    std::uint32_t call[3] = {};
+    v.call = call;
+    for (std::uint32_t tokens = 1; tokens <= s.max_tokens; tokens += 1 + tokens / 16) {
+      call[0] = tokens;
+      std::uint32_t const blocks = (tokens + v.token_block - 1) / v.token_block;
+      for (std::uint32_t group = 0; group * v.route_blocks < blocks; ++group) {
+        std::uint32_t const first = group * v.route_blocks;
+        std::uint32_t const end = std::min(first + v.route_blocks, blocks);
+        std::uint32_t next = first, least = ~0u, most = 0;
+        for (std::uint32_t part = 0; part < v.route_parts; ++part) {
+          RouteTokens::BlockRange const r = RouteTokens::part_share(v, group, part);
+          ASSERT_EQ(r.first, next) << tokens << " tokens, group " << group << ", part " << part;
+          next += r.count;
+          least = std::min(least, r.count);
+          most = std::max(most, r.count);
+        }
+        ASSERT_EQ(next, end) << tokens << " tokens, group " << group;
+        ASSERT_LE(most - least, 1u) << tokens << " tokens, group " << group;
+        (end - first < v.route_parts ? fewer : not_fewer) = true;
+      }
+    }
+  }
+  EXPECT_TRUE(fewer);
+  EXPECT_TRUE(not_fewer);
+}
+
 // The wgmma layers of 128 to 256 experts route up to kRouteTileTokens tokens per route task (the
 // router tile) while keeping kRouteTasks of them, the mma.sync layers at most kMaxTokenBlock;
 // fewer or more experts, or a larger hidden size, keep the router on mma.sync. A call whose
