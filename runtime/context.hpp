@@ -49,6 +49,19 @@ class TaskContext {
     return emit_many(n, make, keep_first);
 #endif
   }
+  // A shared emission of n tasks (runtime/protocol.hpp, SharedEmission): reserved by one thread
+  // of one body, written by bodies running at once, each task once (emit_reserved). The first
+  // `kept` are kept by the bodies that write them, one each. Device: one thread calls.
+  LOOM_HD bool reserve_emission(std::uint32_t n, std::uint32_t kept, SharedEmission& out) const {
+    return reserve_shared_emission(state_, n, kept, who_, out);
+  }
+  // Writes task k of a shared emission: queued at its place in the reservation's order, or,
+  // below its `kept`, this processor's next task (its keep slot must be free). Device: any
+  // thread, one per task.
+  LOOM_HD bool emit_reserved(SharedEmission const& e, std::uint32_t k, Task const& task) const {
+    Watchdog dog(*state_.error, who_, state_.watchdog_ns, WaitSite::queue_slot, state_.ready.id);
+    return loom::emit_reserved(state_, e, k, task, who_, dog, keep_);
+  }
   // Set by a processor: where a body's emit_many(..., keep_first) leaves the task it keeps
   // (kStopRef: none yet). Device: shared memory of the processor block.
   LOOM_HD void offer_keep(TaskRef* slot) {

@@ -42,6 +42,8 @@ char const* to_string(ErrorCode c) {
       return "task type not in the pipeline";
     case ErrorCode::queue_overflow:
       return "queue overflow";
+    case ErrorCode::keep_unavailable:
+      return "a body kept a task where its processor had no free keep slot";
   }
   return "unknown error";
 }
@@ -114,6 +116,9 @@ std::string describe(ErrorRecord const& e, char const* const* type_names,
       break;
     case ErrorCode::queue_overflow:
       os << ": queue #" << e.object << " capacity " << e.expected << ", position " << e.seen;
+      break;
+    case ErrorCode::keep_unavailable:
+      os << ": dynamic task " << e.seen << " of a shared emission";
       break;
     case ErrorCode::none:
       break;

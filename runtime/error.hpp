@@ -27,6 +27,7 @@ enum class ErrorCode : std::uint32_t {
   task_assert,             // a task body's check failed
   bad_task_type,           // a descriptor names a type the pipeline does not have
   queue_overflow,          // a queue was pushed past its capacity
+  keep_unavailable,        // a body kept a task where its processor had no free keep slot
 };
 
 // What a spin-wait waited on; named in the error message.

@@ -389,6 +389,68 @@ __device__ bool emit_tasks_block(RuntimeState const& s, std::uint32_t n, MakeFn 
 }
 #endif
 
+// A shared emission: n dynamic tasks whose bound and queue positions one thread reserves at once
+// (reserve_shared_emission), and whose descriptors bodies running at the same time then write,
+// each its own indices, in any order (emit_reserved). Task k from `kept` on is queued at the
+// reservation's (k - kept)-th position, so the scheduler hands them out in index order whoever
+// wrote them and whenever; a task below `kept` is not queued: the body that writes it runs it
+// next on its own processor (its keep slot, TaskContext::offer_keep). For bodies that open one
+// phase together (a row of tiles known only once they have all finished), so that none emits the
+// whole phase alone and the first `kept` tasks start without a trip through the scheduler.
+// Every index must be written, or the launch never ends.
+struct SharedEmission {
+  std::uint64_t first;  // dynamic index of task 0
+  std::uint64_t pos;    // queue position of task `kept`
+  std::uint32_t n, kept;
+};
+
+// One thread: reserves n tasks, `kept` <= n of them kept by their writers. False (the error
+// raised) when the bound is exceeded.
+LOOM_HD inline bool reserve_shared_emission(RuntimeState const& s, std::uint32_t n,
+                                            std::uint32_t kept, WaiterId who, SharedEmission& out) {
+  out.n = n;
+  out.kept = kept < n ? kept : n;
+  out.first = fetch_add_relaxed(s.counters->dynamic_emitted.value, std::uint64_t{n});
+  if (out.first + n > s.graph.dynamic_bound) {
+    raise_error(*s.error, ErrorCode::dynamic_bound_exceeded, who.actor, who.block, who.rank, 0, 0,
+                s.graph.dynamic_bound, out.first + n);
+    return false;
+  }
+  out.pos = fetch_add_relaxed(*s.ready.tail, std::uint64_t{n - out.kept});
+  return true;
+}
+
+// Any thread: writes task k of reservation e. From e.kept on it goes to its queue position (a
+// slot free for it, as queue_push waits); below, its ref goes to *keep, which must hold kStopRef
+// (else keep_unavailable is raised). False when it failed.
+LOOM_HD inline bool emit_reserved(RuntimeState const& s, SharedEmission const& e, std::uint32_t k,
+                                  Task const& task, WaiterId who, Watchdog& dog, TaskRef* keep) {
+  TaskRef const ref = s.graph.task_count + static_cast<TaskRef>(e.first + k);
+  if (k < e.kept) {
+    if (keep == nullptr || *keep != kStopRef) {
+      raise_error(*s.error, ErrorCode::keep_unavailable, who.actor, who.block, who.rank, 0, 0, k,
+                  e.first + k);
+      return false;
+    }
+    s.dynamic_tasks[e.first + k] = task;
+    // Published before the processor reads the descriptor after the body.
+    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+    *keep = ref;
+    return true;
+  }
+  QueueView const q = s.ready;
+  std::uint64_t const pos = e.pos + (k - e.kept);
+  std::uint64_t const slot = pos % q.capacity;
+  for (std::uint64_t seen; (seen = load_relaxed(q.seq[slot])) != pos;)
+    if (!dog.keep_waiting(pos, seen)) return false;
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+  s.dynamic_tasks[e.first + k] = task;
+  store_relaxed(q.items[slot], ready_entry(ref, task.header.priority));
+  // The release publishes the descriptor and the entry with the seq word.
+  store_release(q.seq[slot], pos + 1);
+  return true;
+}
+
 // Gives back `n` tasks of the dynamic bound that will never be emitted in this launch (the real
 // count became known). Termination waits for completed + retired == static + bound, so every
 // emitter must either emit or retire each task of the bound it was given.

@@ -2,7 +2,8 @@
 // and the GPU's: the first task it emitted must run next on its own processor, ahead of the
 // processors that wait for a task (the scheduler would have rung one of them), and only that one.
 // Words (KeepWords): a ticket counter, the root's processor, then per marked task its processor,
-// its ticket and how often it ran.
+// its ticket and how often it ran. And roots that share out one emission (TaskContext::
+// reserve_emission, emit_reserved): each keeps one task and queues its share of the rest.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +67,119 @@ struct KeepingRoot {
 #endif
 };
 
-using KeepPipeline = Pipeline<Marked, KeepingRoot>;
+// Root `index` of `roots` that run at once (a processor each): records its processor, arrives on
+// sync[0]; the last to arrive reserves one shared emission of `children` Marked tasks, `roots` of
+// them kept, and releases the others (sync[1]). Root i then writes task i (kept: its next task)
+// and its share of the queued ones, from the last index of the share down, so that the queue's
+// later slots fill first. The last to leave (sync[2]) lowers the words for the next launch. With
+// `keep_twice`, root 0 also writes task 1 as its own (keep_unavailable); root 1 then skips it.
+struct SharingRoot {
+  static constexpr char const* name = "sharing_root";
+  static constexpr unsigned threads = 64;
+  static constexpr unsigned shared_bytes = 0;
+  struct Payload {
+    KeepWords log;
+    std::uint32_t* root_actors;  // [roots]
+    std::uint32_t* sync;         // [3]
+    SharedEmission* shared;
+    std::uint16_t index, roots, children, keep_twice;
+  };
+  // Task k's writer: root k for k < roots, else the root whose share of [roots, children) holds k.
+  LOOM_HD static std::uint32_t writer(Payload const& p, std::uint32_t k) {
+    if (k < p.roots) return k;
+    std::uint32_t const each = (p.children - p.roots + p.roots - 1) / p.roots;
+    return (k - p.roots) / each;
+  }
+  // The reservation, once every root has arrived; false when the wait failed.
+  LOOM_HD static bool share(Payload const& p, TaskContext& ctx, SharedEmission& e) {
+    store_relaxed(p.root_actors[p.index], ctx.actor_index());
+    if (fetch_add_acq_rel(p.sync[0], 1u) + 1 == p.roots) {
+      if (!ctx.reserve_emission(p.children, p.roots, *p.shared)) return false;
+      store_release(p.sync[1], 1u);
+    } else {
+      Watchdog dog = ctx.watchdog(WaitSite::sibling_tasks, p.index);
+      for (std::uint32_t seen; (seen = load_acquire(p.sync[1])) != 1u;)
+        if (!dog.keep_waiting(1, seen)) return false;
+    }
+    e = *p.shared;
+    return true;
+  }
+  LOOM_HD static void leave(Payload const& p) {
+    if (fetch_add_acq_rel(p.sync[2], 1u) + 1 != p.roots) return;
+    for (std::uint32_t i = 0; i < 3; ++i) store_relaxed(p.sync[i], 0u);
+  }
+  LOOM_HD static Task child(Payload const& p, std::uint32_t k);
+  static void host(Payload const& p, TaskContext& ctx);
+#if defined(__CUDACC__)
+  __device__ static void device(Payload const& p, TaskContext& ctx);
+#endif
+};
+
+using KeepPipeline = Pipeline<Marked, KeepingRoot, SharingRoot>;
+
+LOOM_HD inline Task SharingRoot::child(Payload const& p, std::uint32_t k) {
+  return KeepPipeline::make_dynamic<Marked>(Marked::Payload{p.log, k});
+}
+
+inline void SharingRoot::host(Payload const& p, TaskContext& ctx) {
+  SharedEmission e;
+  if (!share(p, ctx, e)) return;
+  leave(p);
+  if (p.index == 0 && p.keep_twice) ctx.emit_reserved(e, 1, child(p, 1));
+  if (p.index == 1 && p.keep_twice) return;
+  for (std::uint32_t k = p.children; k-- > 0;)
+    if (writer(p, k) == p.index && !ctx.emit_reserved(e, k, child(p, k))) return;
+}
+
+#if defined(__CUDACC__)
+// Thread 0 arrives and waits; each thread writes one task of the share at a time.
+__device__ inline void SharingRoot::device(Payload const& p, TaskContext& ctx) {
+  __shared__ SharedEmission e;
+  __shared__ bool go;
+  if (threadIdx.x == 0) {
+    go = share(p, ctx, e);
+    if (go) leave(p);
+  }
+  __syncthreads();
+  if (!go) return;
+  if (threadIdx.x == 0 && p.index == 0 && p.keep_twice) ctx.emit_reserved(e, 1, child(p, 1));
+  if (p.index == 1 && p.keep_twice) return;
+  for (std::uint32_t k = threadIdx.x; k < p.children; k += blockDim.x)
+    if (writer(p, k) == p.index && !ctx.emit_reserved(e, k, child(p, k))) return;
+}
+#endif
+
+// `roots` sharing roots that share out `children` tasks.
+inline Graph sharing_graph(KeepWords log, std::uint32_t* root_actors, std::uint32_t* sync,
+                           SharedEmission* shared, std::uint32_t roots, bool keep_twice = false) {
+  GraphBuilder b;
+  for (std::uint32_t i = 0; i < roots; ++i)
+    b.add_task(KeepPipeline::make<SharingRoot>(SharingRoot::Payload{
+        log, root_actors, sync, shared, static_cast<std::uint16_t>(i),
+        static_cast<std::uint16_t>(roots), static_cast<std::uint16_t>(log.tasks),
+        static_cast<std::uint16_t>(keep_twice ? 1 : 0)}));
+  b.set_dynamic_bound(log.tasks);
+  return b.build();
+}
+
+// What a sharing launch recorded: every task ran once, and task i < roots on root i's processor
+// before any other task there. "" when it holds.
+inline std::string sharing_outcome(KeepWords const& log, std::uint32_t const* root_actors,
+                                   std::uint32_t roots) {
+  for (std::uint32_t k = 0; k < log.tasks; ++k)
+    if (log.runs(k) != 1)
+      return "task " + std::to_string(k) + " ran " + std::to_string(log.runs(k)) + " times";
+  for (std::uint32_t i = 0; i < roots; ++i) {
+    if (log.actor(i) != root_actors[i])
+      return "kept task " + std::to_string(i) + " ran on processor " +
+             std::to_string(log.actor(i)) + ", its writer on " + std::to_string(root_actors[i]);
+    for (std::uint32_t k = 0; k < log.tasks; ++k)
+      if (k != i && log.actor(k) == root_actors[i] && log.order(k) < log.order(i))
+        return "task " + std::to_string(k) + " ran on root " + std::to_string(i) +
+               "'s processor before the task it kept";
+  }
+  return "";
+}
 
 inline Task marked(KeepWords log, std::uint32_t index) {
   return KeepPipeline::make<Marked>(Marked::Payload{log, index});

@@ -29,6 +29,40 @@ TEST(Dynamic, AKeptEmittedTaskRunsNextOnItsEmittersProcessor) {
   }
 }
 
+// Roots running at once share out one emission: each keeps the task it writes below `kept` and
+// runs it next on its own processor, and every queued task, written in any order into its
+// reserved place, runs once. Over launches (the roots lower their words), with chaos stirring
+// the interleavings. A body that keeps two tasks fails with keep_unavailable, and the executor
+// recovers.
+TEST(Dynamic, RootsShareOutOneEmissionAndKeepTheirFirstTask) {
+  constexpr std::uint32_t roots = 3, children = 40;
+  std::vector<std::uint32_t> words(KeepWords::size(children), 0), actors(roots), sync(3, 0);
+  SharedEmission shared{};
+  KeepWords const log{words.data(), children};
+  for (std::uint64_t chaos : {0u, 7u}) {
+    SCOPED_TRACE("chaos " + std::to_string(chaos));
+    CpuExecutor<KeepPipeline> ex(
+        one_rank(sharing_graph(log, actors.data(), sync.data(), &shared, roots)),
+        options_with(roots + 1, chaos));
+    for (int launch = 0; launch < 4; ++launch) {
+      std::fill(words.begin(), words.end(), 0u);
+      ex.run(launch % 2 ? SchedulingPolicy::priority : SchedulingPolicy::fifo);
+      EXPECT_EQ(sharing_outcome(log, actors.data(), roots), "") << "launch " << launch;
+    }
+  }
+  CpuExecutor<KeepPipeline> bad(
+      one_rank(sharing_graph(log, actors.data(), sync.data(), &shared, roots, true)),
+      options_with(roots + 1));
+  std::string const m = error_of([&] { bad.run(); });
+  EXPECT_TRUE(mentions(m, "no free keep slot")) << m;
+  CpuExecutor<KeepPipeline> good(
+      one_rank(sharing_graph(log, actors.data(), sync.data(), &shared, roots)),
+      options_with(roots + 1));
+  std::fill(words.begin(), words.end(), 0u);
+  good.run();
+  EXPECT_EQ(sharing_outcome(log, actors.data(), roots), "");
+}
+
 TEST(Dynamic, EmitsARandomCountAndRetiresTheRestEveryLaunch) {
   TracedSeed const seed;
   std::mt19937 rng(seed);

@@ -130,6 +130,8 @@ using loom::test::keeping_graph;  // tests/keep_task.hpp
 using loom::test::keeping_outcome;
 using loom::test::KeepPipeline;
 using loom::test::KeepWords;
+using loom::test::sharing_graph;
+using loom::test::sharing_outcome;
 using HugePipeline = loom::Pipeline<Huge>;
 using StuckPipeline = loom::Pipeline<Stuck>;
 
@@ -544,6 +546,43 @@ TEST(GpuRuntime, AKeptEmittedTaskRunsNextOnItsEmittersProcessor) {
       ex.run();
       auto host = words.download();
       EXPECT_EQ(keeping_outcome(KeepWords{host.data(), children + 2}, keep), "")
+          << "launch " << launch;
+    }
+  }
+}
+
+// Roots running at once, one per processor for half the processors, share out one emission: each
+// keeps the task it writes and runs it next, and every queued task runs once, over launches
+// (tests/keep_task.hpp; tests/cpu/dynamic_test.cpp for the CPU executor). A body that keeps two
+// fails with keep_unavailable.
+TEST(GpuRuntime, RootsShareOutOneEmissionAndKeepTheirFirstTask) {
+  LOOM_REQUIRE_GPU();
+  constexpr std::uint32_t roots = 48, children = roots + 700;
+  loom::DeviceBuffer<std::uint32_t> words(KeepWords::size(children)), actors(roots), sync(3);
+  loom::DeviceBuffer<loom::SharedEmission> shared(1);
+  sync.fill_bytes(0);
+  KeepWords const log{words.get(), children};
+  loom::GpuOptions o;
+  o.max_processors = 2 * roots;
+  for (bool keep_twice : {false, true}) {
+    SCOPED_TRACE(keep_twice ? "keeping twice" : "sharing");
+    loom::GpuExecutor<KeepPipeline> ex(
+        sharing_graph(log, actors.get(), sync.get(), shared.get(), roots, keep_twice), o);
+    for (int launch = 0; launch < (keep_twice ? 1 : 3); ++launch) {
+      words.fill_bytes(0);
+      if (keep_twice) {
+        try {
+          ex.run();
+          ADD_FAILURE() << "a body kept two tasks and the launch succeeded";
+        } catch (loom::Error const& e) {
+          EXPECT_NE(std::string(e.what()).find("no free keep slot"), std::string::npos) << e.what();
+        }
+        continue;
+      }
+      ex.run();
+      auto host = words.download();
+      auto const who = actors.download();
+      EXPECT_EQ(sharing_outcome(KeepWords{host.data(), children}, who.data(), roots), "")
           << "launch " << launch;
     }
   }
