@@ -28,7 +28,7 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   up_done_.assign(shape.max_mtiles, 0);
   block_done_.assign(shape.max_call_blocks, 0);
   route_arrived_.assign(shape.max_routes, 0);
-  route_sync_.assign(2, 0);
+  route_sync_.assign(kRouteSyncWords, 0);
   pair_ticket_.assign(shape.route_gathers ? rows : 0, 0);
   route_partial_.assign(route_partial_size(shape), 0.0f);
   ids_.assign(rows, -1);
@@ -60,6 +60,7 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
     v.block_done = block_done_.data();
     v.route_arrived = route_arrived_.data();
     v.route_sync = route_sync_.data();
+    v.up_emission = &up_emission_;
     v.pair_ticket = v.route_gathers ? pair_ticket_.data() : nullptr;
     v.route_partial = route_partial_.data();
     ops_.push_back(std::make_unique<tasks::gemm::GemmOperands>(tasks::gemm::make_operands(

@@ -49,6 +49,7 @@ class CpuMoELayer {
   std::vector<std::uint32_t> call_, counts_, expert_tokens_, offsets_, tile_base_, fill_,
       block_pairs_, row_source_, rows_arrived_, up_done_, block_done_, route_arrived_, route_sync_,
       pair_ticket_;
+  SharedEmission up_emission_{};
   std::vector<std::int32_t> ids_;
   std::vector<float> weights_, route_partial_;
   std::vector<bf16> pool_, h_, y_;

@@ -48,16 +48,18 @@ LOOM_HD inline TileOps down_tile_ops(MoEView const& v) {
           v.down_tiles};
 }
 
-// A group of an expert's M-tiles (MoEView::mtile_group): its first M-tile, how many, and the
-// rows they hold. `slot` (the group's first global M-tile) indexes its arrival counters. `sole`:
-// the expert's only M-tile in the call.
+// A group of an expert's M-tiles (MoEView::mtile_group): its first M-tile, how many, the rows
+// they hold and the first of them in the pool. `slot` (the group's first global M-tile) indexes
+// its arrival counters. `sole`: the expert's only M-tile in the call.
 struct MTileGroup {
-  std::uint32_t expert, first, mtiles, rows, slot;
+  std::uint32_t expert, first, mtiles, rows, row0, slot;
   bool sole;
 };
-LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
+// From the plan's offsets and tile_base (the view's, or copies of them).
+LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t const* offsets,
+                                         std::uint32_t const* tile_base, std::uint32_t e,
                                          std::uint32_t local_tile) {
-  std::uint32_t const count = v.offsets[e + 1] - v.offsets[e];
+  std::uint32_t const count = offsets[e + 1] - offsets[e];
   std::uint32_t const first = local_tile / v.mtile_group * v.mtile_group;
   std::uint32_t const left = count - first * v.tile_rows, most = v.mtile_group * v.tile_rows;
   std::uint32_t const rows = left < most ? left : most;
@@ -65,8 +67,13 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
           first,
           (rows + v.tile_rows - 1) / v.tile_rows,
           rows,
-          v.tile_base[e] + first,
+          offsets[e] + first * v.tile_rows,
+          tile_base[e] + first,
           count <= v.tile_rows};
+}
+LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
+                                         std::uint32_t local_tile) {
+  return mtile_group_of(v, v.offsets, v.tile_base, e, local_tile);
 }
 
 // Task i of `type` over a group's tiles, one per (run of ops.run N-tiles, M-tile) in N-tile-major
@@ -79,13 +86,25 @@ LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, TileOps con
   std::uint32_t const ntile = n * ops.run, after = ops.ntiles - ntile;
   return encode_task(
       type,
-      TilePayload{&v, v.offsets[g.expert] + (g.first + m) * v.tile_rows, g.slot + m,
-                  static_cast<std::uint16_t>(rows), static_cast<std::uint16_t>(g.expert),
-                  static_cast<std::uint16_t>(ntile),
+      TilePayload{&v, g.row0 + m * v.tile_rows, g.slot + m, static_cast<std::uint16_t>(rows),
+                  static_cast<std::uint16_t>(g.expert), static_cast<std::uint16_t>(ntile),
                   static_cast<std::uint16_t>(after < ops.run ? after : ops.run),
                   static_cast<std::uint16_t>(m), static_cast<std::uint16_t>(g.mtiles), ops.of(rows),
                   g.sole ? tasks::gemm::L2Hint::evict_first : tasks::gemm::L2Hint::normal});
 }
+// Up task k of the call's up_tasks per M-tile, in the order the M-tile groups' emissions list
+// them: the group that holds global M-tile k / up_tasks covers tasks [slot, slot + mtiles) x
+// up_tasks, N-tile-major (group_tile). offsets and tile_base: the plan's (or copies of them).
+LOOM_HD inline Task up_task_at(MoEView const& v, TileOps const& ops, std::uint32_t const* offsets,
+                               std::uint32_t const* tile_base, std::uint32_t k) {
+  std::uint32_t const mtile = k / v.up_tasks;
+  // The expert whose M-tiles start at or before it, the last of those (an expert without rows
+  // shares its base with the next).
+  std::uint32_t const e = run_of(tile_base, v.experts, mtile);
+  MTileGroup const g = mtile_group_of(v, offsets, tile_base, e, mtile - tile_base[e]);
+  return group_tile(v.up_type, v, ops, g, k - g.slot * v.up_tasks);
+}
+
 // Emits the group's tasks of `type` (`tasks` per M-tile), on `ops` (one thread); with keep_first
 // the first for this processor to run next (TaskContext::emit_many).
 LOOM_HD inline bool emit_group_tiles(TaskContext& ctx, std::uint16_t type, MoEView const& v,
@@ -184,10 +203,11 @@ struct GatherTokens {
     store_relaxed(v.rows_arrived[g.slot], 0u);
     return true;
   }
-  // Whether a gather keeps the first up task a group it completes emits (TaskContext::emit_many):
-  // where up tasks are runs of N-tiles (64-row M-tiles), long tasks a gather's processor would
-  // otherwise wait for the scheduler to hand out (T = 1024 0.6-1.7% faster). With single up tiles
-  // (T = 4096) keeping measured no gain (docs/performance.md, "A body keeps the first task").
+  // Whether a gather task keeps the first up task a group it completes emits
+  // (TaskContext::emit_many): where up tasks are runs of N-tiles (64-row M-tiles), long tasks a
+  // gather's processor would otherwise wait for the scheduler to hand out. With single up tiles
+  // keeping measured no gain (docs/performance.md, "A body keeps the first task"). Route tasks
+  // that gather emit the up tasks otherwise (moe/route_gather.hpp).
   LOOM_HD static bool keeps_up_task(MoEView const& v) { return v.up_run > 1; }
 
   // The same, emitting the completed group's up-projection tiles (keep_first: the first for
@@ -202,10 +222,11 @@ struct GatherTokens {
   static void host(Payload const& p, TaskContext& ctx) {
     gather_block_host(*p.view, p.block, ctx, true);
   }
-  // Call block `block` (call_block), on view v (host); keep_first: the first up task a completed
-  // group emits is this processor's next task, where keeps_up_task.
+  // Call block `block` (call_block), on view v (host). With arrive_on_groups, each row arrives on
+  // its M-tile group and a completed group emits its up tasks, the first kept where keeps_up_task;
+  // without (route tasks that gather, which emit the call's up tasks together), neither.
   static void gather_block_host(MoEView const& v, std::uint32_t block, TaskContext& ctx,
-                                bool keep_first) {
+                                bool arrive_on_groups) {
     std::uint32_t const tokens = v.call[0], cb = call_block(v);
     for (std::uint32_t t = block * cb; t < tokens && t < (block + 1) * cb; ++t) {
       for (std::uint32_t j = 0; j < v.top_k; ++j) {
@@ -216,7 +237,7 @@ struct GatherTokens {
         for (std::uint32_t c = 0; c < v.hidden; ++c)
           v.pool[std::size_t{row} * v.hidden + c] = v.x[std::size_t{t} * v.hidden + c];
         v.row_source[row] = t * v.top_k + j;
-        arrive(v, e, index, ctx, keep_first && keeps_up_task(v));
+        if (arrive_on_groups) arrive(v, e, index, ctx, keeps_up_task(v));
       }
     }
   }
@@ -230,9 +251,9 @@ struct GatherTokens {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     gather_block_device(*p.view, p.block, ctx, true);
   }
-  // Call block `block`, on view v, keep_first as gather_block_host's. Whole block.
+  // Call block `block`, on view v, arrive_on_groups as gather_block_host's. Whole block.
   __device__ static void gather_block_device(MoEView const& v, std::uint32_t block,
-                                             TaskContext& ctx, bool keep_first) {
+                                             TaskContext& ctx, bool arrive_on_groups) {
     std::uint32_t const tokens = v.call[0], cb = call_block(v);  // cb <= kMaxTokenBlock
     std::uint32_t const t0 = block * cb;
     if (t0 >= tokens) return;
@@ -252,6 +273,7 @@ struct GatherTokens {
                              reinterpret_cast<uint4*>(v.pool), n_tokens, row_chunks, row_of,
                              v.top_k);
     __syncthreads();
+    if (!arrive_on_groups) return;
     // row_of[i] becomes the group pair i completed, if any (only thread i touches entry i). Each
     // arrival is a release: it covers the block's pool rows, ordered before it by the barrier
     // above.
@@ -263,7 +285,7 @@ struct GatherTokens {
     }
     __syncthreads();
     emit_groups_by_block<up_tile_ops>(ctx, v.up_type, v, v.up_tasks, row_of, index_of, pairs,
-                                      keep_first && keeps_up_task(v));
+                                      keeps_up_task(v));
   }
 #endif
 };

@@ -39,7 +39,8 @@ LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::u
       rows_arrived(zeros<std::uint32_t>(shape.max_mtiles)),
       up_done(zeros<std::uint32_t>(shape.max_mtiles)),
       route_arrived(zeros<std::uint32_t>(shape.max_routes)),
-      route_sync(zeros<std::uint32_t>(2)),
+      route_sync(zeros<std::uint32_t>(kRouteSyncWords)),
+      up_emission(1),
       pair_ticket(shape.route_gathers ? slots : 0),
       ids(slots),
       weights(slots),
@@ -151,6 +152,7 @@ void LayerBuffers::bind(MoEView& v) const {
   v.up_done = up_done.get();
   v.route_arrived = route_arrived.get();
   v.route_sync = route_sync.get();
+  v.up_emission = up_emission.get();
   v.pair_ticket = v.route_gathers ? pair_ticket.get() : nullptr;
   v.route_partial = route_partial.get();
   v.route_ops = route_gemm ? route_gemm->device() : nullptr;

@@ -9,6 +9,7 @@
 
 #include "moe/view.hpp"
 #include "runtime/cuda/device_buffer.hpp"
+#include "runtime/protocol.hpp"
 #include "tasks/gemm/device_gemm.hpp"
 
 namespace loom::moe {
@@ -48,6 +49,7 @@ struct LayerBuffers {
   DeviceBuffer<bf16> router, w1, w2, pool, h;
   DeviceBuffer<std::uint32_t> call, counts, expert_tokens, offsets, tile_base, fill, block_pairs,
       row_source, rows_arrived, up_done, route_arrived, route_sync, pair_ticket;
+  DeviceBuffer<SharedEmission> up_emission;
   DeviceBuffer<std::int32_t> ids;
   DeviceBuffer<float> weights, route_partial;
   // The router on the tensor cores (shape.tile_router): its logits and the tile's operands.

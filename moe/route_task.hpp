@@ -114,7 +114,7 @@ struct RouteTokens {
         for (std::uint32_t e = 0; e < v.experts; ++e)
           v.route_partial[partial_index(v, s, t, e)] = slice_dot_host(v, t, e, s);
     bool const last = fetch_add_acq_rel(v.route_arrived[group], 1u) + 1 == v.route_parts;
-    BlockRange blocks{first, v.route_blocks};
+    Share blocks{first, v.route_blocks};
     if (v.route_gathers) {
       if (!last && !wait_for_parts(v, group, part, ctx)) return;
       blocks = part_share(v, group, part);
@@ -128,20 +128,13 @@ struct RouteTokens {
     });
   }
 
-  struct BlockRange {
-    std::uint32_t first, count;  // token blocks
-  };
-
   // The token blocks part `part` of spread group `group` routes when the parts wait for one
-  // another: a contiguous share of the group's blocks that hold tokens of this call, the first
-  // parts taking one more where they do not divide evenly (none past the blocks).
-  LOOM_HD static BlockRange part_share(MoEView const& v, std::uint32_t group, std::uint32_t part) {
+  // another: its share (share_of) of the group's blocks that hold tokens of this call.
+  LOOM_HD static Share part_share(MoEView const& v, std::uint32_t group, std::uint32_t part) {
     std::uint32_t const first = group * v.route_blocks, t0 = first * v.token_block;
     std::uint32_t const left = (v.call[0] - t0 + v.token_block - 1) / v.token_block;
-    std::uint32_t const blocks = left < v.route_blocks ? left : v.route_blocks;
-    std::uint32_t const each = blocks / v.route_parts, extra = blocks % v.route_parts;
-    std::uint32_t const before = part * each + (part < extra ? part : extra);
-    return {first + before, each + (part < extra ? 1u : 0u)};
+    Share const s = share_of(left < v.route_blocks ? left : v.route_blocks, v.route_parts, part);
+    return {first + s.first, s.count};
   }
 
   // Waits (bounded) until every part of spread group `group` has stored its slices. False when the
@@ -667,8 +660,8 @@ struct RouteTokens {
     }
     __syncthreads();
     if (!pick) return;
-    BlockRange const blocks =
-        v.route_gathers ? part_share(v, group, part) : BlockRange{first, v.route_blocks};
+    Share const blocks =
+        v.route_gathers ? part_share(v, group, part) : Share{first, v.route_blocks};
     std::uint32_t const p0 = blocks.first * v.token_block;
     if (blocks.count == 0) return;
     std::uint32_t const n = min(tokens - p0, blocks.count * v.token_block);

@@ -28,6 +28,10 @@
 #include "runtime/config.hpp"
 #include "tasks/gemm/operands.hpp"
 
+namespace loom {
+struct SharedEmission;  // runtime/protocol.hpp
+}  // namespace loom
+
 namespace loom::moe {
 
 using bf16 = __nv_bfloat16;
@@ -38,6 +42,7 @@ using bf16 = __nv_bfloat16;
 inline constexpr std::uint32_t kRouteRowPad = 64;
 inline constexpr std::uint32_t kRouteSplitColumns = 192;
 inline constexpr std::uint32_t kRouteSharedBytes = 160 * 1024;
+inline constexpr std::uint32_t kRouteSyncWords = 4;  // MoEView::route_sync
 inline std::size_t route_bytes_per_token(std::uint32_t hidden, std::uint32_t experts) {
   return std::size_t{hidden} * 2 + kRouteRowPad +
          4 * std::size_t{experts > kRouteSplitColumns ? experts : kRouteSplitColumns};
@@ -205,8 +210,12 @@ struct MoEView {
   // increment returned), written by its route task; null otherwise.
   std::uint32_t* pair_ticket;  // [T*k]
   // route_gathers: [0] route tasks that counted this call (the plan, once written, sets it to
-  // route_gathers + 1), [1] route tasks that saw the plan (the last lowers both).
-  std::uint32_t* route_sync;   // [2]
+  // route_gathers + 1), [1] route tasks that saw the plan (the last lowers both); [2] route tasks
+  // that gathered, [3] route tasks that saw every gather done (the last lowers [2] and [3]).
+  std::uint32_t* route_sync;  // [kRouteSyncWords]
+  // route_gathers: the call's up tasks, reserved by the route task that writes the plan.
+  SharedEmission* up_emission;
+
   std::uint32_t* block_pairs;  // [max_call_blocks] routed pairs per call block
   // Spread route groups (route_parts > 1): each slice's dot products, and the parts finished
   // per group. Where the route tasks gather, every part waits for the others and picks the experts
@@ -255,6 +264,15 @@ LOOM_HD inline std::uint32_t written_elsewhere(std::uint32_t const& word) {
 #else
   return load_relaxed(word);
 #endif
+}
+// Items [first, first + count) of `items` shared out over `parts` parts: part `part`'s, contiguous
+// and in part order, the first items % parts parts taking one more.
+struct Share {
+  std::uint32_t first, count;
+};
+LOOM_HD inline Share share_of(std::uint32_t items, std::uint32_t parts, std::uint32_t part) {
+  std::uint32_t const each = items / parts, extra = items % parts;
+  return {part * each + (part < extra ? part : extra), each + (part < extra ? 1u : 0u)};
 }
 // Runs of emitted items: run i starts at item starts[i] (ascending, starts[0] == 0, `runs` of
 // them). The run that item k belongs to: the last start at or before k, by binary search.

@@ -258,7 +258,8 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   // is N-tile 1 of its second M-tile, which holds the last 47 rows.
   std::uint32_t offsets[] = {0, 120, 300, 475};
   shapes.main.offsets = offsets;
-  loom::Task const task = group_tile(5, shapes.main, up, MTileGroup{2, 0, 2, 175, 7, false}, 3);
+  loom::Task const task =
+      group_tile(5, shapes.main, up, MTileGroup{2, 0, 2, 175, 300, 7, false}, 3);
   TilePayload p;
   std::memcpy(&p, task.payload, sizeof p);
   EXPECT_EQ(task.header.type, 5u);
@@ -309,6 +310,63 @@ TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
 // Up tasks as runs of N-tiles (MoEView::up_run) on views of 64-row tiles, through their own task
 // type: task i of a group is the run i / M-tiles of its M-tile i % M-tiles; the last run of an odd
 // N-tile count holds one N-tile. Down tasks stay single.
+// up_task_at lists a call's up tasks as the M-tile groups' emissions do, group after group in
+// expert order (experts without rows among them), bit for bit, on runs of N-tiles and on single
+// tiles, with several M-tiles to a group.
+TEST(CpuMoE, UpTaskAtListsTheGroupsTasksInOrder) {
+  loom::test::TracedSeed const seed;
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  MoEConfig c = tall_config();
+  LayerShapes shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
+  loom::tasks::gemm::GemmOperands ops;
+  for (MoEView* v : {&shapes.main, &shapes.short_tiles}) {
+    v->up_ops = &ops;
+    v->short_view = nullptr;
+    v->mtile_group = 1 + rng() % 3;
+    for (int round = 0; round < 20; ++round) {
+      std::vector<std::uint32_t> offsets(v->experts + 1, 0), tile_base(v->experts + 1, 0);
+      for (std::uint32_t e = 0; e < v->experts; ++e) {
+        std::uint32_t const rows = rng() % 3 == 0 ? 0 : rng() % (5 * v->tile_rows);
+        offsets[e + 1] = offsets[e] + rows;
+        tile_base[e + 1] = tile_base[e] + (rows + v->tile_rows - 1) / v->tile_rows;
+      }
+      v->offsets = offsets.data();
+      v->tile_base = tile_base.data();
+      TileOps const up = up_tile_ops(*v);
+      std::uint32_t k = 0;
+      for (std::uint32_t e = 0; e < v->experts; ++e)
+        for (std::uint32_t m = 0; m < tile_base[e + 1] - tile_base[e]; m += v->mtile_group) {
+          MTileGroup const g = mtile_group_of(*v, e, m);
+          for (std::uint32_t i = 0; i < g.mtiles * v->up_tasks; ++i, ++k) {
+            loom::Task const want_task = group_tile(v->up_type, *v, up, g, i);
+            loom::Task const got_task = up_task_at(*v, up, offsets.data(), tile_base.data(), k);
+            TilePayload want, got;
+            std::memcpy(&want, want_task.payload, sizeof want);
+            std::memcpy(&got, got_task.payload, sizeof got);
+            auto const fields = [](TilePayload const& p) {
+              return std::vector<std::uint64_t>{reinterpret_cast<std::uintptr_t>(p.view),
+                                                p.row0,
+                                                p.mtile,
+                                                p.rows,
+                                                p.expert,
+                                                p.ntile,
+                                                p.count,
+                                                p.group_m,
+                                                p.group_mtiles,
+                                                reinterpret_cast<std::uintptr_t>(p.ops),
+                                                static_cast<std::uint64_t>(p.b_l2)};
+            };
+            ASSERT_EQ(got_task.header.type, want_task.header.type);
+            ASSERT_EQ(fields(got), fields(want))
+                << "round " << round << ", task " << k << " (expert " << e << ", group tile " << i
+                << ", M-tiles per group " << v->mtile_group << ", up tasks " << v->up_tasks << ")";
+          }
+        }
+      ASSERT_EQ(k, tile_base[v->experts] * v->up_tasks);
+    }
+  }
+}
+
 TEST(CpuMoE, UpTasksAreRunsOfNTiles) {
   MoEConfig c = tall_config();
   LayerShapes shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
@@ -329,7 +387,7 @@ TEST(CpuMoE, UpTasksAreRunsOfNTiles) {
   v.short_view = nullptr;
   std::uint32_t offsets[] = {0, 200, 500, 700, 900};
   v.offsets = offsets;
-  MTileGroup const g{1, 0, 3, 300, 4, false};  // M-tiles of 128, 128 and 44 rows
+  MTileGroup const g{1, 0, 3, 300, 200, 4, false};  // M-tiles of 128, 128 and 44 rows
   auto const task = [&](TileOps const& ops, std::uint32_t i) {
     TilePayload p;
     std::memcpy(&p, group_tile(5, v, ops, g, i).payload, sizeof p);
@@ -564,7 +622,7 @@ TEST(CpuMoE, SpreadGroupPartsShareOutTheirBlocks) {
         std::uint32_t const end = std::min(first + v.route_blocks, blocks);
         std::uint32_t next = first, least = ~0u, most = 0;
         for (std::uint32_t part = 0; part < v.route_parts; ++part) {
-          RouteTokens::BlockRange const r = RouteTokens::part_share(v, group, part);
+          Share const r = RouteTokens::part_share(v, group, part);
           ASSERT_EQ(r.first, next) << tokens << " tokens, group " << group << ", part " << part;
           next += r.count;
           least = std::min(least, r.count);
