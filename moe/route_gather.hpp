@@ -26,7 +26,7 @@ LOOM_HD inline std::uint32_t plan_written(MoEView const& v) {
 // After route task `task` has seen the plan: counts it on route_sync[1]; the last lowers both
 // words for the next call (every route task has then read route_sync[0] for the last time). Part 0
 // of a spread group lowers the group's route_arrived: every part arrived on route_sync[0] after
-// its wait for the others (RouteTokens::wait_for_parts), so none reads the word again.
+// its wait for the others (RouteTokens::route_part_host), so none reads the word again.
 LOOM_HD inline void leave_route_sync(MoEView const& v, std::uint32_t task) {
   if (v.route_parts > 1 && task % v.route_parts == 0)
     store_relaxed(v.route_arrived[task / v.route_parts], 0u);
@@ -35,12 +35,12 @@ LOOM_HD inline void leave_route_sync(MoEView const& v, std::uint32_t task) {
   store_relaxed(v.route_sync[1], 0u);
 }
 
-// Waits (bounded) until route_sync[word] reaches `value`. False when the wait ended on an error
-// (this task's or another actor's).
-LOOM_HD inline bool wait_for_route_sync(MoEView const& v, std::uint32_t word, std::uint32_t value,
-                                        std::uint32_t task, TaskContext& ctx) {
+// Route task `task` waits (bounded) until `word`, which the route tasks raise, reads `value`.
+// False when the wait ended on an error (this task's or another actor's).
+LOOM_HD inline bool wait_for_siblings(std::uint32_t const& word, std::uint32_t value,
+                                      std::uint32_t task, TaskContext& ctx) {
   Watchdog dog = ctx.watchdog(WaitSite::sibling_tasks, task);
-  for (std::uint32_t seen; (seen = load_acquire(v.route_sync[word])) != value;)
+  for (std::uint32_t seen; (seen = load_acquire(word)) != value;)
     if (!dog.keep_waiting(value, seen)) return false;
   return true;
 }
@@ -67,7 +67,7 @@ LOOM_HD inline SharedEmission up_reservation(MoEView const& main) {
 LOOM_HD inline bool wait_for_gathers(MoEView const& main, std::uint32_t task, TaskContext& ctx) {
   std::uint32_t const tasks = main.route_gathers;
   return fetch_add_acq_rel(main.route_sync[2], 1u) + 1 == tasks ||
-         wait_for_route_sync(main, 2, tasks, task, ctx);
+         wait_for_siblings(main.route_sync[2], tasks, task, ctx);
 }
 // After a task has seen every gather done: counts it on route_sync[3]; the last lowers [2] and [3]
 // (every route task has then read [2] for the last time).
@@ -108,7 +108,7 @@ inline void gather_after_routes_host(MoEView const& main, std::uint32_t task, Ta
     PlanExperts::retire_unused(v, tiles, ctx);
     reserve_up_tasks(main, v, tiles, ctx);
     store_release(main.route_sync[0], plan_written(main));
-  } else if (!wait_for_route_sync(main, 0, plan_written(main), task, ctx)) {
+  } else if (!wait_for_siblings(main.route_sync[0], plan_written(main), task, ctx)) {
     return;
   }
   leave_route_sync(main, task);
@@ -150,7 +150,7 @@ __device__ inline void gather_after_routes_device(MoEView const& main, std::uint
       store_release(main.route_sync[0], plan_written(main));
     }
   } else if (threadIdx.x == 0) {
-    go = wait_for_route_sync(main, 0, plan_written(main), task, ctx) && !ctx.failed();
+    go = wait_for_siblings(main.route_sync[0], plan_written(main), task, ctx) && !ctx.failed();
   }
   __syncthreads();
   if (!go) return;

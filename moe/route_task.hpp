@@ -137,14 +137,12 @@ struct RouteTokens {
     return {first + s.first, s.count};
   }
 
-  // Waits (bounded) until every part of spread group `group` has stored its slices. False when the
-  // wait ended on an error (this task's or another actor's).
+  // Route task p.block of spread group `group`'s part `part`, waiting (bounded) until every part
+  // of the group has stored its slices. False when the wait ended on an error.
   LOOM_HD static bool wait_for_parts(MoEView const& v, std::uint32_t group, std::uint32_t part,
                                      TaskContext& ctx) {
-    Watchdog dog = ctx.watchdog(WaitSite::sibling_tasks, group * v.route_parts + part);
-    for (std::uint32_t seen; (seen = load_acquire(v.route_arrived[group])) != v.route_parts;)
-      if (!dog.keep_waiting(v.route_parts, seen)) return false;
-    return true;
+    return wait_for_siblings(v.route_arrived[group], v.route_parts, group * v.route_parts + part,
+                             ctx);
   }
 
   LOOM_HD static std::size_t partial_index(MoEView const& v, std::uint32_t s, std::uint32_t t,
@@ -662,8 +660,8 @@ struct RouteTokens {
     if (!pick) return;
     Share const blocks =
         v.route_gathers ? part_share(v, group, part) : Share{first, v.route_blocks};
-    std::uint32_t const p0 = blocks.first * v.token_block;
     if (blocks.count == 0) return;
+    std::uint32_t const p0 = blocks.first * v.token_block;
     std::uint32_t const n = min(tokens - p0, blocks.count * v.token_block);
     float* const logits = reinterpret_cast<float*>(smem);  // [n][experts], then scratch
     std::size_t const logit_bytes = std::size_t{n} * v.experts * sizeof(float);

@@ -215,7 +215,6 @@ struct MoEView {
   std::uint32_t* route_sync;  // [kRouteSyncWords]
   // route_gathers: the call's up tasks, reserved by the route task that writes the plan.
   SharedEmission* up_emission;
-
   std::uint32_t* block_pairs;  // [max_call_blocks] routed pairs per call block
   // Spread route groups (route_parts > 1): each slice's dot products, and the parts finished
   // per group. Where the route tasks gather, every part waits for the others and picks the experts
