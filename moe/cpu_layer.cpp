@@ -16,7 +16,7 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
   w1_ = pack_up_projection(config, weights);
   w2_ = weights.down;
   std::size_t const rows = std::size_t{config.max_tokens} * config.top_k;
-  call_.assign(3, 0);
+  call_.assign(kCallWords, 0);
   counts_.assign(config.experts, 0);
   expert_tokens_.assign(config.experts, 0);
   offsets_.assign(config.experts + 1, 0);

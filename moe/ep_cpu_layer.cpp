@@ -59,7 +59,7 @@ CpuEpMoELayer::CpuEpMoELayer(MoEConfig const& config, MoEWeights const& weights,
         slice_rows(weights.down, std::size_t{config.hidden} * config.ffn, std::size_t{r} * el, el);
     m.pool.resize(std::size_t{ep.pool_rows} * config.hidden);
     m.h.resize(std::size_t{ep.pool_rows} * config.ffn);
-    m.call.assign(3, 0);
+    m.call.assign(kCallWords, 0);
     m.counts.assign(config.experts, 0);
     m.expert_tokens.assign(config.experts, 0);
     m.offsets.assign(el + 1, 0);

@@ -28,7 +28,7 @@ LayerBuffers::LayerBuffers(MoEConfig const& config, MoEView const& shape, std::u
       w2(w2_w),
       pool(rows * config.hidden),
       h(rows * config.ffn),
-      call(zeros<std::uint32_t>(3)),
+      call(zeros<std::uint32_t>(kCallWords)),
       counts(zeros<std::uint32_t>(config.experts)),
       expert_tokens(zeros<std::uint32_t>(config.experts)),
       offsets(zeros<std::uint32_t>(experts + 1)),

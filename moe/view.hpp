@@ -43,6 +43,7 @@ inline constexpr std::uint32_t kRouteRowPad = 64;
 inline constexpr std::uint32_t kRouteSplitColumns = 192;
 inline constexpr std::uint32_t kRouteSharedBytes = 160 * 1024;
 inline constexpr std::uint32_t kRouteSyncWords = 4;  // MoEView::route_sync
+inline constexpr std::uint32_t kCallWords = 3;       // MoEView::call
 inline std::size_t route_bytes_per_token(std::uint32_t hidden, std::uint32_t experts) {
   return std::size_t{hidden} * 2 + kRouteRowPad +
          4 * std::size_t{experts > kRouteSplitColumns ? experts : kRouteSplitColumns};
@@ -185,7 +186,7 @@ struct MoEView {
 
   // Per call, in executor memory: tokens this call, 1 when the caller supplied the routing, and
   // the tokens per gather and combine (call_block_for).
-  std::uint32_t const* call;  // [0] tokens, [1] routing given, [2] call block
+  std::uint32_t const* call;  // [kCallWords]: [0] tokens, [1] routing given, [2] call block
 
   // Inputs and output.
   bf16 const* x;         // [T][H]

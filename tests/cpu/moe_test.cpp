@@ -612,7 +612,7 @@ TEST(CpuMoE, SpreadGroupPartsShareOutTheirBlocks) {
     SCOPED_TRACE(std::to_string(s.hidden) + " x " + std::to_string(s.experts) + ", " +
                  std::to_string(s.max_tokens) + " tokens");
     ASSERT_GT(v.route_parts, 1u);
-    std::uint32_t call[3] = {};
+    std::uint32_t call[kCallWords] = {};
     v.call = call;
     for (std::uint32_t tokens = 1; tokens <= s.max_tokens; tokens += 1 + tokens / 16) {
       call[0] = tokens;
