@@ -62,11 +62,13 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
     sh.link = ProcessorLink::start(me);
     take_start_root(s, sh.link, start_root<Policy>(s, me));
     sh.peeked = kStopRef;
-    sh.body_kept = kStopRef;
     sh.alive = true;
   }
   for (;;) {
     if (threadIdx.x == 0) {
+      // Reset here, not in the finish: warp 0's lanes read the last body's keep there, and the
+      // barrier of warps 0 and 1 orders those reads before this store.
+      sh.body_kept = kStopRef;
       TaskRef ref = kStopRef;
       if (s.trace) sh.asked = now_ns();
       if (sh.alive) {
@@ -108,7 +110,6 @@ __device__ __forceinline__ void run_processor_block(RuntimeState const& s,
       if (threadIdx.x == 0) {
         sh.alive = ok;
         if (ok && kept != kStopRef) sh.link.kept = kept;
-        sh.body_kept = kStopRef;
       }
     } else if (threadIdx.x < 64) {
       peek_ring_warp(s, sh.link, s.doorbells[me], sh.next, sh.peeked);
