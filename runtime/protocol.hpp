@@ -433,8 +433,9 @@ LOOM_HD inline bool emit_reserved(RuntimeState const& s, SharedEmission const& e
       return false;
     }
     s.dynamic_tasks[e.first + k] = task;
-    // Published before the processor reads the descriptor after the body.
-    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+    // Read by this block after the body (its barrier orders the two, as for emit_tasks's kept
+    // task): a fence of the block's scope, not the device's.
+    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_block);
     *keep = ref;
     return true;
   }
