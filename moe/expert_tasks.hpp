@@ -183,7 +183,7 @@ struct ExpertDown {
       // out together (an acq_rel arrival would wait for the count's load first), and the last
       // arriver acquires the others' rows with its own fence.
       __threadfence();
-      std::uint32_t const block = v.row_source[p.row0 + threadIdx.x] / v.top_k / call_block(v);
+      std::uint32_t const block = v.row_source[p.row0 + threadIdx.x] / (v.top_k * call_block(v));
       std::uint32_t const want = v.block_pairs[block] * v.down_tiles;
       if (fetch_add_relaxed(v.block_done[block], 1u) + 1 == want) {
         __threadfence();
