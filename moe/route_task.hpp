@@ -65,18 +65,30 @@ struct RouteTokens {
   // Route task p.block: part p.block % route_parts of route group p.block / route_parts, which
   // covers token blocks [group * route_blocks, ...). A group of one part routes its blocks whole,
   // and a task of whole groups routes those of its route_rounds groups that hold tokens of the
-  // call (for_each_group).
+  // call (for_each_group). With the caller's routing the parts of a spread group need none of
+  // one another's logits: each checks and counts its share of the group's blocks (part_share).
   static void host(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
-    if (v.route_parts > 1 && v.call[1] == 0)
+    if (v.route_parts > 1 && v.call[1] == 0) {
       route_part_host(v, group, part, ctx);
-    else if (part == 0)
+    } else if (v.route_parts > 1) {
+      if (group_holds_tokens(v, group)) {
+        Share const s = part_share(v, group, part);
+        route_host(v, s.first, s.count, ctx);
+      }
+    } else {
       for_each_route_group(v, group, [&](std::uint32_t g) {
         route_host(v, g * v.route_blocks, v.route_blocks, ctx);
         return !ctx.failed();
       });
+    }
     if (v.route_gathers) gather_after_routes_host(v, p.block, ctx);
+  }
+
+  // Whether route group `group` holds tokens of this call.
+  LOOM_HD static bool group_holds_tokens(MoEView const& v, std::uint32_t group) {
+    return group * v.route_blocks * v.token_block < v.call[0];
   }
 
   // Routes token blocks [first, first + blocks) (those within this call's tokens).
@@ -129,7 +141,8 @@ struct RouteTokens {
   }
 
   // The token blocks part `part` of spread group `group` routes when the parts wait for one
-  // another: its share (share_of) of the group's blocks that hold tokens of this call.
+  // another, or with the caller's routing: its share (share_of) of the group's blocks that hold
+  // tokens of this call (group_holds_tokens).
   LOOM_HD static Share part_share(MoEView const& v, std::uint32_t group, std::uint32_t part) {
     std::uint32_t const first = group * v.route_blocks, t0 = first * v.token_block;
     std::uint32_t const left = (v.call[0] - t0 + v.token_block - 1) / v.token_block;
@@ -579,9 +592,14 @@ struct RouteTokens {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = *p.view;
     std::uint32_t const group = p.block / v.route_parts, part = p.block % v.route_parts;
-    if (v.route_parts > 1 && v.call[1] == 0)
+    if (v.route_parts > 1 && v.call[1] == 0) {
       route_part_device(v, group, part, ctx);
-    else if (part == 0)
+    } else if (v.route_parts > 1) {
+      if (group_holds_tokens(v, group)) {
+        Share const s = part_share(v, group, part);
+        route_device(v, s.first, s.count, ctx);
+      }
+    } else {
       for_each_route_group(v, group, [&](std::uint32_t g) {
         // The previous group's shared memory is free. The block stops together once the launch
         // has failed: each thread reads the error word itself, and another block may raise it
@@ -590,6 +608,7 @@ struct RouteTokens {
         route_device(v, g * v.route_blocks, v.route_blocks, ctx);
         return true;
       });
+    }
     if (v.route_gathers) gather_after_routes_device(v, p.block, ctx);
   }
 
@@ -669,36 +688,54 @@ struct RouteTokens {
     pick_experts(v, p0, n, logits, ctx);
   }
 
-  // The caller's routing of `token`, checked and counted by one warp: lane j takes slot j, so
-  // the slots' loads and the counts' atomics go out together. The verdict is check_given_routing's:
-  // the first failing slot in top-k order, with that slot's reason. Returns the token's routed
-  // pairs (0 when it fails, after recording the failure and setting `failed`). Whole warp.
-  __device__ static std::uint32_t check_and_count_given_warp(MoEView const& v, std::uint32_t token,
-                                                             TaskContext& ctx, bool& failed) {
-    std::uint32_t const lane = threadIdx.x % 32;
-    bool const slot = lane < v.top_k;
+  // Lanes a token takes when a warp checks the caller's routing: top_k rounded up to a power of
+  // two, so that a warp takes 32 / slot_lanes tokens at once.
+  __device__ static std::uint32_t slot_lanes(std::uint32_t top_k) {
+    static_assert(kMaxTopK <= 32);
+    std::uint32_t lanes = 1;
+    while (lanes < top_k) lanes *= 2;
+    return lanes;
+  }
+
+  // The caller's routing of tokens t0 + [t, t + 32 / slot_lanes) that are below t0 + n, checked
+  // and counted by one warp: lane l takes slot l % slot_lanes of token t + l / slot_lanes, so
+  // the slots' loads and the counts' atomics of all those tokens go out together. A token's
+  // verdict is check_given_routing's: the first failing slot in top-k order, with that slot's
+  // reason (recorded, and `failed` set); a failed token counts nothing. Each token's routed pairs
+  // are added to pairs[its call block]. Whole warp.
+  __device__ static void check_and_count_given_warp(MoEView const& v, std::uint32_t t0,
+                                                    std::uint32_t t, std::uint32_t n,
+                                                    std::uint32_t* pairs, TaskContext& ctx,
+                                                    bool& failed) {
+    std::uint32_t const lane = threadIdx.x % 32, lanes = slot_lanes(v.top_k);
+    std::uint32_t const j = lane % lanes, mine = t + lane / lanes, token = t0 + mine;
+    unsigned const token_lanes = (lanes == 32 ? ~0u : (1u << lanes) - 1u) << (lane - j);
+    bool const slot = j < v.top_k && mine < n;
     std::int32_t id = -1;
     float w = 0.0f;
     if (slot) {
-      id = v.topk_ids[std::size_t{token} * v.top_k + lane];
-      w = v.topk_weights[std::size_t{token} * v.top_k + lane];
+      id = v.topk_ids[std::size_t{token} * v.top_k + j];
+      w = v.topk_weights[std::size_t{token} * v.top_k + j];
     }
     bool const outside = slot && (id < -1 || id >= static_cast<std::int32_t>(v.experts));
     bool const routed = slot && !outside && id >= 0;
-    // Routed slots with the same expert match; every other lane gets a key of its own.
-    unsigned const same = __match_any_sync(0xFFFFFFFFu, routed ? id : -2 - static_cast<int>(lane));
+    // Routed slots of one token with the same expert match; every other lane gets a key of its
+    // own (experts < 2^16).
+    int const key =
+        routed ? static_cast<int>(lane / lanes) << 16 | id : -2 - static_cast<int>(lane);
+    unsigned const same = __match_any_sync(0xFFFFFFFFu, key);
     bool const repeated = routed && (same & ((1u << lane) - 1u)) != 0;
     bool const non_finite = routed && !repeated && !(w == w && w <= 3.0e38f && w >= -3.0e38f);
     std::uint32_t const code = outside ? 1u : repeated ? 2u : non_finite ? 3u : 0u;
-    if (unsigned const bad = __ballot_sync(0xFFFFFFFFu, code != 0)) {
-      if (lane == static_cast<unsigned>(__ffs(bad) - 1)) {
-        ctx.fail(kRoutingFailure + code, token, static_cast<std::uint64_t>(id));
-        failed = true;
-      }
-      return 0;
+    unsigned const bad = __ballot_sync(0xFFFFFFFFu, code != 0) & token_lanes;
+    if (bad != 0 && lane == static_cast<unsigned>(__ffs(bad) - 1)) {
+      ctx.fail(kRoutingFailure + code, token, static_cast<std::uint64_t>(id));
+      failed = true;
     }
-    if (routed) count_pair(v, id, token * v.top_k + lane);
-    return __popc(__ballot_sync(0xFFFFFFFFu, routed));
+    bool const counted = routed && bad == 0;
+    if (counted) count_pair(v, id, token * v.top_k + j);
+    unsigned const routed_here = __popc(__ballot_sync(0xFFFFFFFFu, counted) & token_lanes);
+    if (j == 0 && routed_here != 0) atomicAdd(&pairs[mine / call_block(v)], routed_here);
   }
 
   // Tokens [t0, t0 + n) of this call, n <= kRouteTileTokens, t0 at a token block's start: top-k
@@ -715,16 +752,16 @@ struct RouteTokens {
     if (threadIdx.x == 0) failed = false;
     bool const given = v.call[1] != 0;
     __syncthreads();
-    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (std::uint32_t t = warp; t < n; t += blockDim.x / 32) {
+    std::uint32_t const warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    if (given) {
+      std::uint32_t const per_warp = 32 / slot_lanes(v.top_k);
+      for (std::uint32_t t = warp * per_warp; t < n; t += warps * per_warp)
+        check_and_count_given_warp(v, t0, t, n, pairs, ctx, failed);
+    }
+    for (std::uint32_t t = warp; !given && t < n; t += warps) {
       std::uint32_t const token = t0 + t;
       std::int32_t* ids = v.topk_ids + std::size_t{token} * v.top_k;
       float* weights = v.topk_weights + std::size_t{token} * v.top_k;
-      if (given) {
-        std::uint32_t const routed = check_and_count_given_warp(v, token, ctx, failed);
-        if (lane == 0 && routed != 0) atomicAdd(&pairs[t / cb], routed);
-        continue;
-      }
       std::int32_t const picked = select_warp(v, logits + t * v.experts, token, ids, weights);
       std::uint32_t const routed = __popc(__ballot_sync(0xFFFFFFFFu, picked >= 0));
       if (lane == 0) atomicAdd(&pairs[t / cb], routed);

@@ -785,10 +785,22 @@ TEST(CpuMoE, RouteTasksThatGatherComputeAsThePlanDoes) {
     CpuMoELayer gathering(few, w, options_with(route_tasks(shape) * shape.route_parts),
                           MmaPath::mma_sync),
         planned(few, w, {}, MmaPath::mma_sync);
+    // The caller's routing (top-4 of 16, some slots -1): each part checks and counts its share
+    // of its group's blocks.
+    std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+    checks::Top2Routing given{std::vector<std::int32_t>(96 * 4), std::vector<float>(96 * 4)};
+    for (std::uint32_t t = 0; t < 96; ++t) {
+      std::uint32_t const first = t % 7 == 0 ? 0 : static_cast<std::uint32_t>(rng() % 16);
+      for (std::uint32_t j = 0; j < 4; ++j) {
+        given.ids[4 * t + j] = t % 5 == j ? -1 : static_cast<std::int32_t>((first + 3 * j) % 16);
+        given.weights[4 * t + j] = weight(rng);
+      }
+    }
     for (std::uint32_t tokens : {90u, 1u, 96u}) {
       SCOPED_TRACE("spread, tokens " + std::to_string(tokens));
-      expect_gathering_as_planned(few, w, random_tokens(few, tokens, seed + tokens), tokens,
-                                  gathering, planned);
+      auto const x = random_tokens(few, tokens, seed + tokens);
+      expect_gathering_as_planned(few, w, x, tokens, gathering, planned);
+      expect_gathering_as_planned(few, w, x, tokens, gathering, planned, &given);
     }
   }
   MoEConfig const c = tall_config();

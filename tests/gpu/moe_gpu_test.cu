@@ -406,6 +406,34 @@ TEST(GpuMoE, InvalidCallerRoutingNamesTheFirstFailingSlot) {
   EXPECT_EQ(message({-1, 2, -1, 5}, {nan, 0.5f, nan, 0.5f}), "no error");
 }
 
+// A warp checks several tokens' routing at once (32 / top_k rounded up to a power of two): the
+// same experts in different tokens are no repeat, and a bad token among good ones is named alone.
+TEST(GpuMoE, CallerRoutingIsCheckedPerTokenWithinAWarp) {
+  LOOM_REQUIRE_GPU();
+  for (std::uint32_t top_k : {2u, 3u}) {
+    MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, top_k, 64);
+    MoEWeights const w = random_weights(c, 8);
+    GpuMoELayer layer(c, w);
+    std::uint32_t const tokens = 40;
+    auto const x = random_tokens(c, tokens, 8);
+    loom::DeviceBuffer<bf16> dx(x), dout(std::size_t{tokens} * c.hidden);
+    // Every token names experts 0 .. top_k - 1: one expert's pairs are all of a warp's lanes.
+    std::vector<std::int32_t> ids(std::size_t{tokens} * top_k);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i % top_k);
+    std::vector<float> const wts(ids.size(), 1.0f / static_cast<float>(top_k));
+    EXPECT_LT(given_routing_error(layer, c, w, x, tokens, ids, wts), 1e-2) << "top-" << top_k;
+    EXPECT_EQ(layer.expert_tokens()[0], tokens);
+    for (std::uint32_t bad : {9u, 17u, 39u}) {
+      std::vector<std::int32_t> with_repeat = ids;
+      with_repeat[std::size_t{bad} * top_k + 1] = with_repeat[std::size_t{bad} * top_k];
+      std::string const m = routing_failure(layer, dx.get(), tokens, with_repeat, wts, dout.get());
+      EXPECT_NE(m.find("token " + std::to_string(bad) + " names expert 0 twice"), std::string::npos)
+          << m;
+    }
+    EXPECT_LT(given_routing_error(layer, c, w, x, tokens, ids, wts), 1e-2) << "top-" << top_k;
+  }
+}
+
 TEST(GpuMoE, NaNInATokenStaysInItsOwnRow) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 128);
