@@ -105,12 +105,12 @@ struct PlanExperts {
   // write_plan by the whole block, with the counts read at once and the offsets summed by a
   // scan over warp 0, each lane taking a run of consecutive experts (one thread's loop over the
   // experts took 4.7 us for 64 of them, at the head of every call). `shared`: shared_bytes of
-  // the block's shared memory. The M-tiles are returned to thread 0; the plan's stores are
+  // the block's shared memory. The M-tiles are returned to every thread; the plan's stores are
   // fenced before the block's barrier at the end.
   __device__ static std::uint32_t write_plan_device(MoEView const& v, void* shared) {
     auto* const count = static_cast<std::uint32_t*>(shared);  // [kMaxExperts]
     auto& scan = *reinterpret_cast<typename Scan::TempStorage*>(count + kMaxExperts);
-    RowsAndTiles total{0, 0};  // thread 0's (lane 0 of the scanning warp)
+    __shared__ std::uint32_t tiles;
     std::uint32_t const experts = v.experts, tile_rows = v.tile_rows;
     for (std::uint32_t e = threadIdx.x; e < experts; e += blockDim.x)
       count[e] = load_relaxed(v.counts[e]);
@@ -137,8 +137,8 @@ struct PlanExperts {
       if (threadIdx.x == 0) {
         offsets[experts] = all.rows;
         tile_base[experts] = all.tiles;
+        tiles = all.tiles;
       }
-      total = all;
     }
     std::uint32_t* const expert_tokens = v.expert_tokens;
     std::uint32_t* const counts = v.counts;
@@ -150,7 +150,7 @@ struct PlanExperts {
     }
     __threadfence();  // before the gathers that read the offsets and claim from fill start
     __syncthreads();
-    return total.tiles;
+    return tiles;
   }
 #endif
 };

@@ -144,8 +144,9 @@ __device__ inline void gather_after_routes_device(MoEView const& main, std::uint
   __syncthreads();
   if (last) {
     std::uint32_t const tiles = PlanExperts::write_plan_device(v, ctx.shared_memory());
+    // The retirement (a thread of another warp) goes out beside the reservation.
+    if (threadIdx.x == 32 % blockDim.x) PlanExperts::retire_unused(v, tiles, ctx);
     if (threadIdx.x == 0) {
-      PlanExperts::retire_unused(v, tiles, ctx);
       go = reserve_up_tasks(main, v, tiles, ctx);
       store_release(main.route_sync[0], plan_written(main));
     }
@@ -154,10 +155,12 @@ __device__ inline void gather_after_routes_device(MoEView const& main, std::uint
   }
   __syncthreads();
   if (!go) return;
-  if (threadIdx.x == 0) {
-    leave_route_sync(main, task);
-    e = up_reservation(main);
-  }
+  // Threads of other warps than those that copy the plan below, so that the atomic, the
+  // reservation's loads and the plan's go out together (one after another, thread 0 took three
+  // round trips).
+  std::uint32_t const leaver = blockDim.x - 1, reader = blockDim.x > 32 ? blockDim.x - 33 : leaver;
+  if (threadIdx.x == leaver) leave_route_sync(main, task);
+  if (threadIdx.x == reader) e = up_reservation(main);
   auto* const offsets = static_cast<std::uint32_t*>(ctx.shared_memory());  // [experts + 1]
   std::uint32_t* const tile_base = offsets + v.experts + 1;                // [experts + 1]
   for (std::uint32_t i = threadIdx.x; i <= v.experts; i += blockDim.x) {
