@@ -29,7 +29,7 @@ class GpuMoELayer {
   MoEConfig const& config() const { return config_; }
 
   // x [tokens][H] -> out [tokens][H], device pointers, fused router. x is read 16 bytes at a time:
-  // it must be 16-byte aligned (a layer whose router runs on the tensor cores throws otherwise).
+  // it must be 16-byte aligned (forward throws otherwise).
   void forward(bf16 const* x, std::uint32_t tokens, bf16* out, cudaStream_t stream = nullptr);
   // With the caller's routing (device pointers, [tokens][k]): ids -1 = no expert. Ids out of range
   // or repeated in a row and non-finite weights end the call with loom::Error at check().

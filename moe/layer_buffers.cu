@@ -119,9 +119,9 @@ void LayerBuffers::enqueue_call(MoEView* view, MoEView* second, bf16 const* x, b
   // read as zeros), encoded here and written into the tile's operands by set_call.
   tasks::gemm::TensorMapBytes x_map{};
   tasks::gemm::TensorMapBytes* x_map_at = nullptr;
+  if (tokens > 0 && reinterpret_cast<std::uintptr_t>(x) % 16 != 0)
+    throw Error("loom: x must be 16-byte aligned (the layer reads it 16 bytes at a time)");
   if (route_gemm && !given_ids && tokens > 0) {
-    if (reinterpret_cast<std::uintptr_t>(x) % 16 != 0)
-      throw Error("loom: x must be 16-byte aligned (the router reads it with TMA)");
     tasks::gemm::encode_a_map(x_map, x, hidden_, tokens, hidden_, kRouteTileTokens,
                               "x (router tile)");
     x_map_at = &const_cast<tasks::gemm::GemmOperands*>(route_gemm->device())->a_map;

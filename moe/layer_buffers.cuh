@@ -36,8 +36,8 @@ struct LayerBuffers {
   // count, whether routing is given and the call block (tokens per gather and combine), into
   // `view` (device memory) and into `second` unless it is null; with given routing (ids and
   // weights, tokens x top_k each, on this device) also copies it into ids and weights; with the
-  // router on the tensor cores, the router tile's tensor map of x (which must then be 16-byte
-  // aligned). One launch whatever is given. The callers check that ids and weights are both given
+  // router on the tensor cores, the router tile's tensor map of x. Throws unless x is 16-byte
+  // aligned. One launch whatever is given. The callers check that ids and weights are both given
   // or both null.
   void enqueue_call(MoEView* view, MoEView* second, bf16 const* x, bf16* out, std::uint32_t tokens,
                     std::uint32_t call_block, std::uint32_t top_k, std::int32_t const* given_ids,

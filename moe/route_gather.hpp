@@ -127,6 +127,18 @@ inline void gather_after_routes_host(MoEView const& main, std::uint32_t task, Ta
 }
 
 #if defined(__CUDACC__)
+// Device, one thread: the token rows of the first call block route task `task` gathers, into L2
+// (one bulk prefetch; x is 16-byte aligned, enqueue_call checks), so that the gather's reads
+// find them there after the wait for the plan.
+__device__ inline void prefetch_first_block(MoEView const& v, std::uint32_t task) {
+  if (task >= call_blocks(v)) return;
+  std::uint32_t const cb = call_block(v), t0 = task * cb;
+  std::uint32_t const rows = v.call[0] - t0 < cb ? v.call[0] - t0 : cb;
+  bf16 const* const first = v.x + std::size_t{t0} * v.hidden;
+  std::uint32_t const bytes = rows * v.hidden * static_cast<std::uint32_t>(sizeof(bf16));
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"(bytes) : "memory");
+}
+
 // The same on the device, by the whole block: thread 0 arrives (after the block's counts and
 // tickets, fenced) and waits, or, arriving last, the block writes the plan and thread 0 reserves
 // the up tasks. Before its gathers the block copies the reservation and the plan's offsets and
@@ -138,6 +150,7 @@ __device__ inline void gather_after_routes_device(MoEView const& main, std::uint
   if (__syncthreads_or(ctx.failed())) return;
   MoEView const& v = PlanExperts::tiles_view(main);
   if (threadIdx.x == 0) {
+    prefetch_first_block(v, task);
     __threadfence();
     last = fetch_add_acq_rel(main.route_sync[0], 1u) + 1 == main.route_gathers;
   }

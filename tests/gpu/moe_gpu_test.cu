@@ -434,6 +434,37 @@ TEST(GpuMoE, CallerRoutingIsCheckedPerTokenWithinAWarp) {
   }
 }
 
+// Every path reads x 16 bytes at a time: a misaligned x is refused before the launch, with the
+// router fused or the routing given, and the layer goes on.
+TEST(GpuMoE, MisalignedTokensAreRefusedBeforeTheLaunch) {
+  LOOM_REQUIRE_GPU();
+  MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 64);
+  MoEWeights const w = random_weights(c, 4);
+  GpuMoELayer layer(c, w);
+  auto const x = random_tokens(c, 5, 4);
+  std::vector<bf16> padded(x.size() + 1);  // x one element (2 bytes) in
+  for (std::size_t i = 0; i < x.size(); ++i) padded[i + 1] = x[i];
+  loom::DeviceBuffer<bf16> dpadded(padded), dout(5 * c.hidden);
+  std::vector<std::int32_t> const ids = {0, 1, 2, 3, 4, 5, 6, 7, 0, -1};
+  std::vector<float> const wts(10, 0.5f);
+  loom::DeviceBuffer<std::int32_t> dids(ids);
+  loom::DeviceBuffer<float> dw(wts);
+  bf16 const* const misaligned = dpadded.get() + 1;
+  for (bool given : {false, true}) {
+    try {
+      if (given)
+        layer.forward(misaligned, 5, dids.get(), dw.get(), dout.get());
+      else
+        layer.forward(misaligned, 5, dout.get());
+      layer.check();
+      ADD_FAILURE() << "a misaligned x was taken, given routing " << given;
+    } catch (loom::Error const& e) {
+      EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_LT(given_routing_error(layer, c, w, x, 5, ids, wts), 1e-2);
+}
+
 TEST(GpuMoE, NaNInATokenStaysInItsOwnRow) {
   LOOM_REQUIRE_GPU();
   MoEConfig const c = config(Activation::swiglu, RouterScore::softmax, 128, 128, 8, 2, 128);
