@@ -420,9 +420,9 @@ LOOM_HD inline bool reserve_shared_emission(RuntimeState const& s, std::uint32_t
   return true;
 }
 
-// Any thread: writes task k of reservation e. From e.kept on it goes to its queue position (a
-// slot free for it, as queue_push waits); below, its ref goes to *keep, which must hold kStopRef
-// (else keep_unavailable is raised). False when it failed.
+// Any thread: writes task k of reservation e. From e.kept on it goes to its queue position
+// (queue_fill, whose release publishes the descriptor); below, its ref goes to *keep, which must
+// hold kStopRef (else keep_unavailable is raised). False when it failed.
 LOOM_HD inline bool emit_reserved(RuntimeState const& s, SharedEmission const& e, std::uint32_t k,
                                   Task const& task, WaiterId who, Watchdog& dog, TaskRef* keep) {
   TaskRef const ref = s.graph.task_count + static_cast<TaskRef>(e.first + k);
@@ -439,17 +439,8 @@ LOOM_HD inline bool emit_reserved(RuntimeState const& s, SharedEmission const& e
     *keep = ref;
     return true;
   }
-  QueueView const q = s.ready;
-  std::uint64_t const pos = e.pos + (k - e.kept);
-  std::uint64_t const slot = pos % q.capacity;
-  for (std::uint64_t seen; (seen = load_relaxed(q.seq[slot])) != pos;)
-    if (!dog.keep_waiting(pos, seen)) return false;
-  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
   s.dynamic_tasks[e.first + k] = task;
-  store_relaxed(q.items[slot], ready_entry(ref, task.header.priority));
-  // The release publishes the descriptor and the entry with the seq word.
-  store_release(q.seq[slot], pos + 1);
-  return true;
+  return queue_fill(s.ready, e.pos + (k - e.kept), ready_entry(ref, task.header.priority), dog);
 }
 
 // Gives back `n` tasks of the dynamic bound that will never be emitted in this launch (the real

@@ -26,11 +26,12 @@ LOOM_HD LOOM_INLINE std::uint32_t ring_slot(std::uint32_t slot, std::uint32_t d,
   return at >= capacity ? at - capacity : at;
 }
 
-// Any thread. Waits (bounded) only when the consumer has fallen a full lap behind, which a queue
-// sized for a launch's tasks never does. Returns false if the wait ended on an error.
-LOOM_HD LOOM_INLINE bool queue_push(QueueView q, std::uint32_t item, Watchdog& dog) {
-  std::uint64_t const pos = fetch_add_relaxed(*q.tail, std::uint64_t{1});
-  chaos_point();  // a producer stalled between its ticket and its write
+// Any thread: writes `item` at position `pos`, a ticket taken from the tail, once its slot is free
+// for it; the release also publishes what the thread wrote before. Waits (bounded) only when the
+// consumer has fallen a full lap behind, which a queue sized for a launch's tasks never does.
+// Returns false if the wait ended on an error.
+LOOM_HD LOOM_INLINE bool queue_fill(QueueView q, std::uint64_t pos, std::uint32_t item,
+                                    Watchdog& dog) {
   std::uint64_t const slot = pos % q.capacity;
   std::uint64_t s;
   while ((s = load_acquire(q.seq[slot])) != pos) {
@@ -39,6 +40,13 @@ LOOM_HD LOOM_INLINE bool queue_push(QueueView q, std::uint32_t item, Watchdog& d
   store_relaxed(q.items[slot], item);
   store_release(q.seq[slot], pos + 1);
   return true;
+}
+
+// Any thread: takes a ticket and fills its position (queue_fill).
+LOOM_HD LOOM_INLINE bool queue_push(QueueView q, std::uint32_t item, Watchdog& dog) {
+  std::uint64_t const pos = fetch_add_relaxed(*q.tail, std::uint64_t{1});
+  chaos_point();  // a producer stalled between its ticket and its write
+  return queue_fill(q, pos, item, dog);
 }
 
 // Any thread: pushes n <= kPushChunk entries (entry(i) for i < n) under one ticket, so a fan-out
