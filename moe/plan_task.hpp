@@ -93,13 +93,13 @@ struct PlanExperts {
   __device__ static void device(Payload const& p, TaskContext& ctx) {
     MoEView const& v = tiles_view(*p.view);
     std::uint32_t const tiles = write_plan_device(v, ctx.shared_memory());
-    std::uint32_t const active = call_blocks(v);
+    std::uint32_t const blocks = call_blocks(v);
     if (threadIdx.x == 0) retire_unused(v, tiles, ctx);
     // The type and the view in registers: read through v, each descriptor would wait for a
     // reload after the previous one's stores.
     std::uint16_t const type = v.gather_type;
     MoEView const* const view = &v;
-    ctx.emit_many_by_block(active, [&](std::uint32_t b) { return gather(type, view, b); });
+    ctx.emit_many_by_block(blocks, [&](std::uint32_t b) { return gather(type, view, b); });
   }
 
   // write_plan by the whole block, with the counts read at once and the offsets summed by a
