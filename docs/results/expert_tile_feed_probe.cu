@@ -33,21 +33,21 @@
 #include "tasks/gemm/ptx/tma.cuh"
 #include "tasks/gemm/ptx/wgmma.cuh"
 
-#define CK(x)                                                        \
-  do {                                                               \
-    cudaError_t e_ = (x);                                            \
-    if (e_ != cudaSuccess) {                                         \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e_));           \
-      return 1;                                                      \
-    }                                                                \
+#define CK(x)                                              \
+  do {                                                     \
+    cudaError_t e_ = (x);                                  \
+    if (e_ != cudaSuccess) {                               \
+      std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); \
+      return 1;                                            \
+    }                                                      \
   } while (0)
 
 namespace ptx = loom::tasks::gemm::ptx;
 
 constexpr int kK = 2048, kKBlocks = kK / 64, kCtas = 131, kMaxTiles = 8;
-constexpr int kPoolRows = 4096;                        // 16 MB of A: stays in L2
-constexpr int kWeightRows = 256 * kCtas * kMaxTiles;   // 1 MB of B a tile, read once
-constexpr std::uint32_t kRow = 128;                    // bytes of a 64-wide K block row
+constexpr int kPoolRows = 4096;                       // 16 MB of A: stays in L2
+constexpr int kWeightRows = 256 * kCtas * kMaxTiles;  // 1 MB of B a tile, read once
+constexpr std::uint32_t kRow = 128;                   // bytes of a 64-wide K block row
 constexpr int kArea = 208 * 1024;
 
 enum Mode { kFull, kFullShort, kEven192 };
@@ -63,9 +63,8 @@ __device__ __forceinline__ unsigned long long gtime() {
 // N2 > 0, N2 on (a2, b2); stage release by lane 0 of each warp once the stage's group is done.
 template <int N1, int N2>
 __device__ void consume(std::uint32_t area, std::uint32_t a_bytes, std::uint32_t stage_bytes,
-                        int stages, int tiles, std::uint32_t a1, std::uint32_t b1,
-                        std::uint32_t a2, std::uint32_t b2, std::uint64_t* full,
-                        std::uint64_t* empty, float* sink) {
+                        int stages, int tiles, std::uint32_t a1, std::uint32_t b1, std::uint32_t a2,
+                        std::uint32_t b2, std::uint64_t* full, std::uint64_t* empty, float* sink) {
   float acc1[N1 / 2];
   float acc2[N2 > 0 ? N2 / 2 : 1];
   bool const lane0 = threadIdx.x % 32u == 0;
@@ -137,7 +136,8 @@ __global__ void __launch_bounds__(384, 1)
   std::uint32_t const a_bytes = a_rows * kRow, stage_bytes = a_bytes + 256 * kRow;
   int const stages = static_cast<int>(kArea / stage_bytes);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) ptx::mbarrier_init(full + s, 1), ptx::mbarrier_init(empty + s, 8);
+    for (int s = 0; s < stages; ++s)
+      ptx::mbarrier_init(full + s, 1), ptx::mbarrier_init(empty + s, 8);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(384, 1)
     int stage = 0;
     std::uint32_t phase = 0;
     for (int t = 0; t < tiles; ++t) {
-      std::int32_t const a_row = static_cast<std::int32_t>(((weights * 7 + t) * 192) % (kPoolRows - 192));
+      std::int32_t const a_row =
+          static_cast<std::int32_t>(((weights * 7 + t) * 192) % (kPoolRows - 192));
       std::int32_t const b_row = static_cast<std::int32_t>((weights * kMaxTiles + t) * 256);
       for (int kb = 0; kb < kKBlocks; ++kb) {
         while (!ptx::mbarrier_try_wait_parity(empty + stage, phase ^ 1u)) {
@@ -217,13 +218,15 @@ int run(CUtensorMap const* maps, int tiles, float* sink, unsigned long long* st,
   std::sort(per_tile.begin(), per_tile.end());
   std::sort(kernel.begin(), kernel.end());
   double const tile = per_tile[per_tile.size() / 2], k = kernel[kernel.size() / 2];
-  double const weight_mb = (M == kFullShort ? (kCtas + 1) / 2 : kCtas) * double(tiles);  // 1 MB each
+  double const weight_mb =
+      (M == kFullShort ? (kCtas + 1) / 2 : kCtas) * double(tiles);  // 1 MB each
   // Processor-time for one N-tile of weights: full+short runs two tiles on it.
   double const per_ntile = M == kFullShort ? 2 * tile : tile;
-  std::printf("%-14s tile %6.2f us (p10 %6.2f, p90 %6.2f)  kernel %7.1f us  weights %5.2f TB/s  "
-              "processor-us an N-tile %6.2f\n",
-              kNames[M], tile, per_tile[per_tile.size() / 10], per_tile[per_tile.size() * 9 / 10],
-              k, weight_mb * 1.048576e6 / (k * 1e-6) / 1e12, per_ntile);
+  std::printf(
+      "%-14s tile %6.2f us (p10 %6.2f, p90 %6.2f)  kernel %7.1f us  weights %5.2f TB/s  "
+      "processor-us an N-tile %6.2f\n",
+      kNames[M], tile, per_tile[per_tile.size() / 10], per_tile[per_tile.size() * 9 / 10], k,
+      weight_mb * 1.048576e6 / (k * 1e-6) / 1e12, per_ntile);
   return 0;
 }
 
@@ -247,9 +250,10 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&st, 2 * kCtas * 8));
   CUtensorMap const maps[4] = {make_map(a, kPoolRows, 64), make_map(a, kPoolRows, 128),
                                make_map(a, kPoolRows, 192), make_map(b, kWeightRows, 256)};
-  std::printf("%s, %d CTAs of 2 consumer warpgroups and a producer warpgroup, %d tiles each, K = %d, "
-              "medians over CTAs and 7 launches\n",
-              prop.name, kCtas, tiles, kK);
+  std::printf(
+      "%s, %d CTAs of 2 consumer warpgroups and a producer warpgroup, %d tiles each, K = %d, "
+      "medians over CTAs and 7 launches\n",
+      prop.name, kCtas, tiles, kK);
   for (int round = 0; round < 2; ++round)
     if (run<kFull>(maps, tiles, sink, st, flush) || run<kFullShort>(maps, tiles, sink, st, flush) ||
         run<kEven192>(maps, tiles, sink, st, flush))

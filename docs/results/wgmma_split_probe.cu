@@ -6,9 +6,9 @@
 // pace. One CTA of the two consumer warpgroups per SM, 132 CTAs. Splits (rows x columns of a tile,
 // and each warpgroup's wgmma per k16 step):
 //   full      128 x 256: each m64n256                           (a full up or down tile)
-//   short     64 x 256, N split: each m64n128                   (an expert's last M-tile of <= 64 rows)
-//   lone      64 x 256: warpgroup 0 m64n256, warpgroup 1 idle
-//   pair3     192 x 128 as 256 x 128 with three blocks: warpgroup 0 rows 0 and 128 (2 x m64n128),
+//   short     64 x 256, N split: each m64n128                   (an expert's last M-tile of <= 64
+//   rows) lone      64 x 256: warpgroup 0 m64n256, warpgroup 1 idle pair3     192 x 128 as 256 x
+//   128 with three blocks: warpgroup 0 rows 0 and 128 (2 x m64n128),
 //             warpgroup 1 rows 64 (m64n128)                   (the paired M-tiles tried before)
 //   even128   192 x 128: each m64n128 (rows 0 / 64) + m64n64 (rows 128, its half of the columns)
 //   even256   192 x 256: each m64n256 (rows 0 / 64) + m64n128 (rows 128, its half)
@@ -25,21 +25,21 @@
 #include "tasks/gemm/ptx/smem.cuh"
 #include "tasks/gemm/ptx/wgmma.cuh"
 
-#define CK(x)                                                        \
-  do {                                                               \
-    cudaError_t e_ = (x);                                            \
-    if (e_ != cudaSuccess) {                                         \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e_));           \
-      return 1;                                                      \
-    }                                                                \
+#define CK(x)                                              \
+  do {                                                     \
+    cudaError_t e_ = (x);                                  \
+    if (e_ != cudaSuccess) {                               \
+      std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); \
+      return 1;                                            \
+    }                                                      \
   } while (0)
 
 namespace ptx = loom::tasks::gemm::ptx;
 
 constexpr int kStages = 3;
-constexpr std::uint32_t kRowBytes = 128;               // 64 bf16 of K a row
-constexpr std::uint32_t kABytes = 256 * kRowBytes;     // up to 256 rows of A a stage
-constexpr std::uint32_t kBBytes = 256 * kRowBytes;     // up to 256 rows of B
+constexpr std::uint32_t kRowBytes = 128;            // 64 bf16 of K a row
+constexpr std::uint32_t kABytes = 256 * kRowBytes;  // up to 256 rows of A a stage
+constexpr std::uint32_t kBBytes = 256 * kRowBytes;  // up to 256 rows of B
 constexpr std::uint32_t kStageBytes = kABytes + kBBytes;
 constexpr int kSmem = kStages * kStageBytes + 1024;
 
@@ -93,16 +93,16 @@ __device__ void warpgroup_loop(std::uint32_t base, std::uint32_t a1, std::uint32
 }
 
 enum Split { kFull, kShort, kLone, kPair3, kEven128, kEven256, kPair4, kSplits };
-char const* const kNames[] = {"full 128x256", "short 64x256", "lone 64x256", "pair3 192x128",
+char const* const kNames[] = {"full 128x256",    "short 64x256",    "lone 64x256",  "pair3 192x128",
                               "even128 192x128", "even256 192x256", "pair4 256x128"};
 // Rows x columns x 64 x 2 of every wgmma issued a stage, both warpgroups.
-double const kStageFlop[] = {2.0 * 128 * 256 * 64, 2.0 * 64 * 256 * 64, 2.0 * 64 * 256 * 64,
+double const kStageFlop[] = {2.0 * 128 * 256 * 64, 2.0 * 64 * 256 * 64,  2.0 * 64 * 256 * 64,
                              2.0 * 192 * 128 * 64, 2.0 * 192 * 128 * 64, 2.0 * 192 * 256 * 64,
                              2.0 * 256 * 128 * 64};
 
 template <int S>
-__global__ void __launch_bounds__(256, 1) probe(int stages, float* sink,
-                                                unsigned long long* cycles) {
+__global__ void __launch_bounds__(256, 1)
+    probe(int stages, float* sink, unsigned long long* cycles) {
   extern __shared__ unsigned char raw[];
   unsigned char* const smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(raw) + 1023) & ~std::uintptr_t{1023});
@@ -190,10 +190,13 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&sink, 256 * sizeof(float)));
   CK(cudaMalloc(&cycles, sms * sizeof(unsigned long long)));
   for (int round = 0; round < 2; ++round) {
-    if (run<kFull>(sms, stages, sink, cycles, clock_khz) || run<kShort>(sms, stages, sink, cycles, clock_khz) ||
-        run<kLone>(sms, stages, sink, cycles, clock_khz) || run<kPair3>(sms, stages, sink, cycles, clock_khz) ||
+    if (run<kFull>(sms, stages, sink, cycles, clock_khz) ||
+        run<kShort>(sms, stages, sink, cycles, clock_khz) ||
+        run<kLone>(sms, stages, sink, cycles, clock_khz) ||
+        run<kPair3>(sms, stages, sink, cycles, clock_khz) ||
         run<kEven128>(sms, stages, sink, cycles, clock_khz) ||
-        run<kEven256>(sms, stages, sink, cycles, clock_khz) || run<kPair4>(sms, stages, sink, cycles, clock_khz))
+        run<kEven256>(sms, stages, sink, cycles, clock_khz) ||
+        run<kPair4>(sms, stages, sink, cycles, clock_khz))
       return 1;
   }
   return 0;
