@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "docs/results/wgmma_k_block.cuh"
 #include "tasks/gemm/ptx/smem.cuh"
 #include "tasks/gemm/ptx/sync.cuh"
 #include "tasks/gemm/ptx/tma.cuh"
@@ -85,26 +86,7 @@ __device__ void consume(std::uint32_t area, std::uint32_t a_bytes, std::uint32_t
       std::uint64_t const db1 = ptx::smem_desc_k_major_sw128(s + a_bytes + b1 * kRow);
       std::uint64_t const da2 = ptx::smem_desc_k_major_sw128(s + a2 * kRow);
       std::uint64_t const db2 = ptx::smem_desc_k_major_sw128(s + a_bytes + b2 * kRow);
-#pragma unroll
-      for (int i = 0; i < N1 / 2; ++i) ptx::fence_operand(acc1[i]);
-      if constexpr (N2 > 0) {
-#pragma unroll
-        for (int i = 0; i < N2 / 2; ++i) ptx::fence_operand(acc2[i]);
-      }
-      ptx::wgmma_fence();
-#pragma unroll
-      for (std::uint32_t k = 0; k < 4; ++k) {
-        ptx::WgmmaBf16<N1>::mma(da1 + 2u * k, db1 + 2u * k, acc1, 1u);
-        if constexpr (N2 > 0) ptx::WgmmaBf16<N2>::mma(da2 + 2u * k, db2 + 2u * k, acc2, 1u);
-      }
-      ptx::wgmma_commit_group();
-#pragma unroll
-      for (int i = 0; i < N1 / 2; ++i) ptx::fence_operand(acc1[i]);
-      if constexpr (N2 > 0) {
-#pragma unroll
-        for (int i = 0; i < N2 / 2; ++i) ptx::fence_operand(acc2[i]);
-      }
-      ptx::wgmma_wait_group<1>();
+      wgmma_k_block<N1, N2>(acc1, acc2, da1, db1, da2, db2);
       __syncwarp();
       if (lane0 && kb > 0) ptx::mbarrier_arrive(empty + previous);
       previous = stage;
