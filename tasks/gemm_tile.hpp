@@ -20,7 +20,9 @@
 // compute. The pipeline's block must be exactly 384 threads (checked): with the 128x256 tile the
 // consumers take registers from the producer warpgroup (setmaxnreg 208 / 88, back to 168 at the
 // end). Both paths finish through the same epilogue into a staged tile that the Sink delivers
-// (sink.hpp). Design, measurements and limits: docs/gemm.md.
+// (sink.hpp). The 192x256 tile (GemmConfig::tall), on task types built with kTall, gives each
+// consumer warpgroup two blocks (config.hpp) and its consumers 232 registers (setmaxnreg 232 / 40).
+// Design, measurements and limits: docs/gemm.md.
 // Split-K (config.splits > 1): split s sums K blocks [s·per, (s+1)·per) and stores its raw
 // accumulators to the workspace; the last split to finish a tile adds the others' into its
 // registers in split order (deterministic) and runs the unsplit epilogue.
@@ -72,9 +74,13 @@ struct GemmTileCoord {
 // processors idle. It is a type of its own, so its kernel is one of its own: compiled beside the
 // other widths, the 224-column code took the kernel's local accesses from 179-187 to 282, and
 // 128x128 tiles split in two ran 1-5% slower (docs/gemm.md, "A 224-column tile").
+// A task type built with kTall also takes the 192x256 tile (gemm::GemmConfig::tall), single
+// tiles without split-K: a kernel of its own K loop and epilogue, compiled only where a GEMM
+// uses it (the MoE layer's expert tiles; GemmTallTile).
 template <class Sink = gemm::LocalTileSink, bool kRuns = false, bool kSplitK = true,
-          bool kWide = false>
+          bool kWide = false, bool kTall = false>
 struct GemmTileTask {
+  static_assert(!kTall || (!kRuns && !kWide), "the tall tile runs on single-tile, narrow types");
   static constexpr char const* name = "gemm_tile";
   static constexpr unsigned threads = gemm::kThreads;
   // A run task that stores into C (LocalTileSink) stores whole bf16 tiles with TMA from buffers
@@ -131,6 +137,9 @@ struct GemmTileTask {
     if (cfg.wide() != kWide)
       fail(kWide ? "a wide task type takes only 128x224 tiles"
                  : "128x224 tiles run on the wide task types (GemmWideTile, GemmWideRunTile)");
+    if (cfg.tall() && !kTall)
+      fail("192x256 tiles run on the task types built with kTall (GemmTallTile)");
+    if (cfg.tall() && cfg.splits > 1) fail("a 192x256 tile cannot be split along K");
     if (t.split >= cfg.splits) fail("split out of range (" + std::to_string(cfg.splits) + ")");
     if (cfg.splits > 1 && t.slot >= op.slots)
       fail("split-K slot " + std::to_string(t.slot) + " but the workspace has " +
@@ -165,6 +174,10 @@ struct GemmTileTask {
       case 4:
         return "block of " + std::to_string(a) + " threads; gemm_tile needs exactly " +
                std::to_string(b) + " (a pipeline type with a larger block?)";
+      case 5:
+        return "a 192x256 tile's shared memory starts at shared address " + std::to_string(a) +
+               ", not at the block's dynamic shared memory (" + std::to_string(b) +
+               "): it runs only where the task's shared memory is the block's";
       default:
         return "unknown gemm failure " + std::to_string(code);
     }
@@ -176,7 +189,8 @@ struct GemmTileTask {
     return p.rows == 0 || p.rows > cfg.block_m || p.expert >= op.experts || p.count == 0 ||
            p.n_tile + p.count > op.n_tiles() || p.split >= cfg.splits ||
            (p.count > 1 && (cfg.splits > 1 || !kRuns)) || (cfg.splits > 1 && !kSplitK) ||
-           cfg.wide() != kWide || std::uint64_t{p.a_row0} + p.rows > op.a_rows;
+           cfg.wide() != kWide || (cfg.tall() && (!kTall || cfg.splits > 1)) ||
+           std::uint64_t{p.a_row0} + p.rows > op.a_rows;
   }
   LOOM_HD static std::uint64_t bad_payload_word(Payload const& p) {
     return std::uint64_t{p.expert} << 32 | std::uint64_t{p.count} << 16 | (p.n_tile & 0xFFFFu);
@@ -293,6 +307,8 @@ struct GemmTileTask {
     job.b_l2 = p.b_l2;
     if constexpr (kWide) {
       run<224>(op, job, p.count, ctx);
+    } else if (kTall && cfg.tall()) {
+      if constexpr (kTall) run_tall(op, job, ctx);
     } else {
       switch (cfg.warp_n()) {
         case 64:
@@ -317,13 +333,7 @@ struct GemmTileTask {
                              std::uint32_t tiles, TaskContext& ctx) {
     using namespace gemm;
     GemmConfig const cfg = op.config;
-    auto* const raw = static_cast<unsigned char*>(ctx.shared_memory());
-    impl::PipelineSmem sm;
-    sm.full = reinterpret_cast<std::uint64_t*>(raw);
-    sm.empty = sm.full + kMaxStages;
-    sm.drained = sm.empty + kMaxStages;
-    sm.stages = reinterpret_cast<unsigned char*>(
-        (reinterpret_cast<std::uintptr_t>(raw) + kControlBytes + 1023u) & ~std::uintptr_t{1023});
+    impl::PipelineSmem const sm = pipeline_smem(ctx);
     auto* const flag = reinterpret_cast<std::uint32_t*>(sm.drained + 1);
     unsigned const thread = threadIdx.x, warp = thread / 32u;
     impl::WarpTile const wt = impl::warp_tile(cfg, warp);
@@ -340,14 +350,7 @@ struct GemmTileTask {
     impl::StagingPlan const plan = impl::StagingPlan::make(
         cfg, job.k_block_count, cfg.block_m * impl::finished_row_stride(op));
 
-    if (wgmma && thread == 0) {
-      for (std::uint32_t s = 0; s < cfg.stages; ++s) {
-        ptx::mbarrier_init(sm.full + s, 1);
-        ptx::mbarrier_init(sm.empty + s, kConsumerThreads / 32);
-      }
-      if constexpr (kRuns) ptx::mbarrier_init(sm.drained, kConsumerThreads / 32);
-      ptx::fence_mbarrier_init();
-    }
+    if (wgmma && thread == 0) init_barriers(cfg, sm);
     __syncthreads();
     if (thread >= kConsumerThreads) {  // producer warpgroup
       if constexpr (kReconfigure) ptx::setmaxnreg_dec<kProducerRegs>();
@@ -423,13 +426,117 @@ struct GemmTileTask {
       }
     }
     __syncthreads();
-    if (wgmma && thread == 0) {
-      for (std::uint32_t s = 0; s < cfg.stages; ++s) {
-        ptx::mbarrier_inval(sm.full + s);
-        ptx::mbarrier_inval(sm.empty + s);
-      }
-      if constexpr (kRuns) ptx::mbarrier_inval(sm.drained);
+    if (wgmma && thread == 0) inval_barriers(cfg, sm);
+  }
+
+  // The control words and the stages in the task's shared memory.
+  __device__ static gemm::impl::PipelineSmem pipeline_smem(TaskContext& ctx) {
+    auto* const raw = static_cast<unsigned char*>(ctx.shared_memory());
+    gemm::impl::PipelineSmem sm;
+    sm.full = reinterpret_cast<std::uint64_t*>(raw);
+    sm.empty = sm.full + gemm::kMaxStages;
+    sm.drained = sm.empty + gemm::kMaxStages;
+    sm.stages = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<std::uintptr_t>(raw) + kControlBytes + 1023u) & ~std::uintptr_t{1023});
+    return sm;
+  }
+  // The same placement of the stages after the control words, for a shared address.
+  __device__ static std::uint32_t stage_area(std::uint32_t shared_address) {
+    return (shared_address + kControlBytes + 1023u) & ~1023u;
+  }
+  // One thread: the pipeline's barriers (and a run's `drained`) before the first load, and
+  // invalidated once the task is done with them.
+  __device__ static void init_barriers(gemm::GemmConfig const& cfg,
+                                       gemm::impl::PipelineSmem const& sm) {
+    for (std::uint32_t s = 0; s < cfg.stages; ++s) {
+      gemm::ptx::mbarrier_init(sm.full + s, 1);
+      gemm::ptx::mbarrier_init(sm.empty + s, gemm::kConsumerThreads / 32);
     }
+    if constexpr (kRuns) gemm::ptx::mbarrier_init(sm.drained, gemm::kConsumerThreads / 32);
+    gemm::ptx::fence_mbarrier_init();
+  }
+  __device__ static void inval_barriers(gemm::GemmConfig const& cfg,
+                                        gemm::impl::PipelineSmem const& sm) {
+    for (std::uint32_t s = 0; s < cfg.stages; ++s) {
+      gemm::ptx::mbarrier_inval(sm.full + s);
+      gemm::ptx::mbarrier_inval(sm.empty + s);
+    }
+    if constexpr (kRuns) gemm::ptx::mbarrier_inval(sm.drained);
+  }
+
+  // One 192x256 tile (GemmConfig::tall): each consumer warp holds its head fragment (16 x 256)
+  // and its tail fragment (16 x 128), 192 accumulators a thread, with the registers the producer
+  // warpgroup gives up (setmaxnreg kTallConsumerRegs / kTallProducerRegs, back to kEntryRegs at
+  // the end, as run's 128x256 tile does).
+  __device__ static void run_tall(gemm::GemmOperands const& op, gemm::impl::TileJob const& job,
+                                  TaskContext& ctx) {
+    using namespace gemm;
+    GemmConfig const cfg = op.config;
+    impl::PipelineSmem const sm = pipeline_smem(ctx);
+    unsigned const thread = threadIdx.x, warp = thread / 32u;
+    impl::WarpTile const head_wt = impl::warp_tile(cfg, warp), tail_wt = impl::tail_warp_tile(warp);
+    bool const wgmma = cfg.path == MmaPath::wgmma;
+    // The stage area's address as ptxas knows it, so that the K loop holds no register for it.
+    std::uint32_t const base = stage_area(ptx::dynamic_smem_address());
+    if (wgmma && ptx::smem_address(sm.stages) != base) {
+      if (thread == 0)
+        ctx.fail(static_cast<std::uint32_t>(impl::GemmFailure::shared_memory),
+                 ptx::smem_address(ctx.shared_memory()), ptx::dynamic_smem_address());
+      return;
+    }
+    if (wgmma && thread == 0) init_barriers(cfg, sm);
+    __syncthreads();
+    if (thread >= kConsumerThreads) {  // producer warpgroup
+      ptx::setmaxnreg_dec<kTallProducerRegs>();
+      if (wgmma) {
+        if (thread == kConsumerThreads)
+          impl::produce_tiles(op, job, 1u, impl::StagingPlan{cfg.stages, job.k_block_count, 1u}, sm,
+                              ctx);
+        __syncwarp();
+      } else {
+        float unused_head[128], unused_tail[impl::kTallTailCols / 2];
+        impl::mma_sync_mainloop<256, false>(unused_head, op, job, sm.stages, head_wt, false);
+        impl::mma_sync_mainloop<impl::kTallTailCols, false>(unused_tail, op, job, sm.stages,
+                                                            tail_wt, false);
+      }
+      ptx::named_barrier_sync(impl::kRegisterBarrier, kThreads);
+      ptx::setmaxnreg_inc<kEntryRegs>();
+    } else {  // consumer warpgroups
+      ptx::setmaxnreg_inc<kTallConsumerRegs>();
+      float head[128], tail[impl::kTallTailCols / 2];
+      if (wgmma) {
+        impl::consume_tall_tile(head, tail, op, job, sm, base, ctx, warp);
+      } else {
+        impl::mma_sync_mainloop<256, true>(head, op, job, sm.stages, head_wt, true);
+        impl::mma_sync_mainloop<impl::kTallTailCols, true>(tail, op, job, sm.stages, tail_wt, true);
+      }
+      ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+      std::uint32_t const staging = ptx::smem_address(sm.stages);
+      impl::with_activation(op.activation, [&](auto act) {
+        constexpr GemmActivation kAct = decltype(act)::value;
+        impl::finish_fragments<impl::kTallTailCols, kAct>(tail, op, job, tail_wt, thread % 32u,
+                                                          staging);
+        impl::finish_fragments<256, kAct>(head, op, job, head_wt, thread % 32u, staging);
+      });
+      ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
+      deliver_staged(op, job, sm.stages, ctx);
+      ptx::setmaxnreg_dec<kEntryRegs>();
+      ptx::named_barrier_arrive(impl::kRegisterBarrier, kThreads);
+    }
+    __syncthreads();
+    if (wgmma && thread == 0) inval_barriers(cfg, sm);
+  }
+
+  // Consumer threads, after the finished tile is staged at `staging`: the sink delivers it.
+  __device__ static void deliver_staged(gemm::GemmOperands const& op,
+                                        gemm::impl::TileJob const& job, unsigned char* staging,
+                                        TaskContext& ctx) {
+    std::uint32_t const c_col0 = job.n_tile * op.out_tile_cols();
+    gemm::StagedTile const tile{staging,        gemm::impl::finished_row_stride(op),
+                                job.rows,       min(op.out_tile_cols(), op.n_out - c_col0),
+                                op.out_bytes(), job.c_row0,
+                                c_col0,         job.sink_tag};
+    Sink::deliver(tile, op, ctx, threadIdx.x);
   }
 
   // Whether a run's tiles go to C by TMA (kStoreBoxes): bf16 C with its map, no split-K, every
@@ -469,12 +576,7 @@ struct GemmTileTask {
     ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
     impl::finish_fragments<WN>(acc, op, job, wt, lane, ptx::smem_address(staging));
     ptx::named_barrier_sync(impl::kEpilogueBarrier, kConsumerThreads);
-    std::uint32_t const c_col0 = job.n_tile * op.out_tile_cols();
-    StagedTile const tile{staging,        impl::finished_row_stride(op),
-                          job.rows,       min(op.out_tile_cols(), op.n_out - c_col0),
-                          op.out_bytes(), job.c_row0,
-                          c_col0,         job.sink_tag};
-    Sink::deliver(tile, op, ctx, thread);
+    deliver_staged(op, job, staging, ctx);
   }
 #endif
 };
@@ -483,5 +585,6 @@ using GemmTile = GemmTileTask<>;
 using GemmRunTile = GemmTileTask<gemm::LocalTileSink, true>;
 using GemmWideTile = GemmTileTask<gemm::LocalTileSink, false, true, true>;
 using GemmWideRunTile = GemmTileTask<gemm::LocalTileSink, true, true, true>;
+using GemmTallTile = GemmTileTask<gemm::LocalTileSink, false, true, false, true>;
 
 }  // namespace loom::tasks

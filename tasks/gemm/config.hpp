@@ -7,9 +7,15 @@
 //                               columns; block_n in {64, 128, 224, 256}
 //   block_m =  64: "N split"  - both warpgroups take the 64 rows, warpgroup g columns
 //                               [g block_n/2, (g+1) block_n/2); block_n in {128, 256}
+//   block_m = 192: "tall"     - warpgroup g takes rows [64 g, 64 g + 64) and all 256 columns
+//                               (its head block), and rows [128, 192) with columns
+//                               [128 g, 128 g + 128) (its tail block); block_n = 256
 //
 // so one warpgroup always computes a 64 x warp_n block with warp_n in {64, 128, 224, 256}: the
-// template instantiations of the mainloops. The 128x224 tile ("wide") runs on task types of its
+// template instantiations of the mainloops (a tall tile's warpgroup two of them, 256 and 128,
+// both issued in each K block: the tensor cores run this even split at their full rate,
+// docs/performance.md). Single-tile task types built for it compile the tall tile (GemmTallTile;
+// tasks/gemm_tile.hpp); it takes no split-K. The 128x224 tile ("wide") runs on task types of its
 // own (tasks/gemm_tile.hpp, kWide), the others on the rest. K advances in blocks of 64 (128 bytes
 // of bf16, one 128-byte swizzle row); stages and split-K are run-time values.
 #pragma once
@@ -70,10 +76,19 @@ inline constexpr std::uint32_t kConsumerRegs = 208;
 inline constexpr std::uint32_t kProducerRegs = 88;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * kEntryRegs,
               "the register split must fit the block's pool at entry");
+// The tall tile's split: its consumers hold 192 accumulators a thread (128 of the head block, 64
+// of the tail), and the producer warpgroup keeps what its one TMA thread needs.
+inline constexpr std::uint32_t kTallConsumerRegs = 232;
+inline constexpr std::uint32_t kTallProducerRegs = 40;
+// The tall tile's pipeline depth: the three 56 KB stages the stage area holds, a compile-time
+// count in its K loop (one register fewer beside the accumulators).
+inline constexpr std::uint32_t kTallStages = 3;
+static_assert(2 * kTallConsumerRegs + kTallProducerRegs <= 3 * kEntryRegs,
+              "the tall tile's register split must fit the block's pool at entry");
 inline constexpr std::uint32_t kMaxSplits = 16;
 
 struct GemmConfig {
-  std::uint16_t block_m = 128;  // rows of A per tile: 64 or 128
+  std::uint16_t block_m = 128;  // rows of A per tile: 64, 128 or 192
   std::uint16_t block_n = 256;  // rows of B (columns of the product) per tile: 64..256
   std::uint8_t stages = 4;      // shared-memory pipeline depth (wgmma path), 2..kMaxStages
   std::uint8_t splits = 1;      // split-K factor: tiles are summed by the last split to finish
@@ -81,6 +96,8 @@ struct GemmConfig {
   std::uint8_t overlap = 1;  // wgmma: keep one K block's MMAs in flight while issuing the next
 
   LOOM_HD constexpr bool split_n() const { return block_m == 64; }
+  // The 192x256 tile: two blocks per consumer warpgroup (see above).
+  LOOM_HD constexpr bool tall() const { return block_m == 192; }
   // The 128x224 tile, which only the wide task types run (GemmWideTile, GemmWideRunTile).
   LOOM_HD constexpr bool wide() const { return block_n == 224; }
   // Columns one consumer warpgroup computes: the wgmma instruction's N.
@@ -91,7 +108,8 @@ struct GemmConfig {
   LOOM_HD constexpr bool shape_supported() const {
     return (block_m == 128 &&
             (block_n == 64 || block_n == 128 || block_n == 224 || block_n == 256)) ||
-           (block_m == 64 && (block_n == 128 || block_n == 256));
+           (block_m == 64 && (block_n == 128 || block_n == 256)) ||
+           (block_m == 192 && block_n == 256);
   }
   // The deepest pipeline that fits the stage area.
   LOOM_HD constexpr std::uint32_t max_stages() const {

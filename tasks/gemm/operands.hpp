@@ -111,11 +111,16 @@ inline char const* to_string(MmaPath p) {
 inline std::string config_problem(GemmConfig const& cfg, std::uint32_t k) {
   if (!cfg.shape_supported())
     return "tile " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) +
-           " is not one of 128x64, 128x128, 128x224, 128x256, 64x128, 64x256";
+           " is not one of 128x64, 128x128, 128x224, 128x256, 64x128, 64x256, 192x256";
   if (cfg.path == MmaPath::wgmma && (cfg.stages < 2 || cfg.stages > cfg.max_stages()))
     return std::to_string(cfg.stages) + " stages of " + std::to_string(cfg.stage_bytes()) +
            " bytes: the wgmma pipeline needs 2.." + std::to_string(cfg.max_stages());
   std::uint32_t const k_blocks = (k + kBlockK - 1) / kBlockK;
+  if (cfg.tall() && cfg.path == MmaPath::wgmma && cfg.stages != kTallStages)
+    return std::to_string(cfg.stages) + " stages: the 192x256 tile's pipeline has " +
+           std::to_string(kTallStages);
+  if (cfg.tall() && cfg.splits != 1)
+    return "split-K " + std::to_string(cfg.splits) + " with the 192x256 tile: it takes no split";
   if (cfg.splits < 1 || cfg.splits > kMaxSplits || cfg.splits > k_blocks)
     return "split-K " + std::to_string(cfg.splits) + " must be 1.." + std::to_string(kMaxSplits) +
            " and at most the " + std::to_string(k_blocks) + " K blocks of 64";

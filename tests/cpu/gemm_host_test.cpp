@@ -149,14 +149,17 @@ TEST(GemmHost, ActivationNamesRoundTrip) {
 TEST(GemmHost, SplitKAndEveryTileShapeMatchFloat64) {
   for (auto [bm, bn, splits] :
        {std::tuple{128, 64, 3}, std::tuple{128, 256, 1}, std::tuple{64, 256, 2},
-        std::tuple{128, 128, 2}, std::tuple{128, 224, 1}, std::tuple{128, 224, 2}}) {
+        std::tuple{128, 128, 2}, std::tuple{128, 224, 1}, std::tuple{128, 224, 2},
+        std::tuple{192, 256, 1}}) {
     HostGemm h;
     h.cfg.block_m = static_cast<std::uint16_t>(bm), h.cfg.block_n = static_cast<std::uint16_t>(bn);
     h.cfg.splits = static_cast<std::uint8_t>(splits);
     h.cfg.stages = static_cast<std::uint8_t>(h.cfg.max_stages());
     h.k = 328, h.n = 272, h.experts = 3, h.rows = {1, 0, 200};
     h.act = g::GemmActivation::swiglu, h.out = g::OutputType::fp32;
-    double const err = h.cfg.wide() ? run_host_gemm<tasks::GemmWideTile>(h) : run_host_gemm(h);
+    double const err = h.cfg.wide()   ? run_host_gemm<tasks::GemmWideTile>(h)
+                       : h.cfg.tall() ? run_host_gemm<tasks::GemmTallTile>(h)
+                                      : run_host_gemm(h);
     EXPECT_LT(err, 1e-5) << bm << "x" << bn << " split " << splits;
   }
 }
@@ -264,6 +267,40 @@ TEST(GemmHost, WideTilesRunOnTheWideTaskTypesOnly) {
   EXPECT_TRUE(GemmTile::bad_payload(GemmTile::payload(narrow, &narrow, t), wide));
   EXPECT_TRUE(
       tasks::GemmWideTile::bad_payload(tasks::GemmWideTile::payload(wide, &wide, t), narrow));
+}
+
+// The 192x256 tile runs on the task types built for it, without split-K.
+TEST(GemmHost, TallTilesRunOnTheTallTaskTypesWithoutSplitK) {
+  Fp32Operands const o(400, 512, 128);
+  g::GemmDesc const& d = o.d;
+  g::GemmConfig cfg;
+  cfg.block_m = 192, cfg.block_n = 256, cfg.stages = 3;
+  EXPECT_EQ(cfg.max_stages(), 3u);  // three 56 KB stages in the stage area
+  tasks::GemmTileCoord t;
+  t.rows = 192;
+  g::GemmOperands const tall = g::make_operands(d, cfg);
+  using NoSplit = tasks::GemmTileTask<g::LocalTileSink, false, false, false, true>;
+  EXPECT_NO_THROW(tasks::GemmTallTile::payload(tall, &tall, t));
+  EXPECT_NO_THROW(NoSplit::payload(tall, &tall, t));
+  EXPECT_TRUE(mentions(error_of([&] { GemmTile::payload(tall, &tall, t); }), "built with kTall"));
+  EXPECT_TRUE(
+      mentions(error_of([&] { tasks::GemmRunTile::payload(tall, &tall, t); }), "built with kTall"));
+  t.rows = 193;
+  EXPECT_TRUE(mentions(error_of([&] { tasks::GemmTallTile::payload(tall, &tall, t); }),
+                       "rows must be 1..192"));
+  cfg.splits = 2;
+  EXPECT_TRUE(mentions(error_of([&] { g::make_operands(d, cfg); }), "it takes no split"));
+  cfg.splits = 1, cfg.stages = 2;
+  EXPECT_TRUE(mentions(error_of([&] { g::make_operands(d, cfg); }), "pipeline has 3"));
+  cfg.stages = 3, cfg.block_n = 128;
+  EXPECT_TRUE(mentions(error_of([&] { g::make_operands(d, cfg); }), "192x256"));
+  // Refused where the task runs, too.
+  GemmTile::Payload plain{};
+  plain.ops = &tall, plain.rows = 150;
+  EXPECT_TRUE(GemmTile::bad_payload(plain, tall));
+  tasks::GemmTallTile::Payload single{};
+  single.ops = &tall, single.rows = 150;
+  EXPECT_FALSE(tasks::GemmTallTile::bad_payload(single, tall));
 }
 
 // The wgmma pipeline is inlined into the kernel, never a call (ptxas would serialize it).

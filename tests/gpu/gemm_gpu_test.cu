@@ -20,6 +20,7 @@ namespace {
 
 namespace g = loom::tasks::gemm;
 using loom::tasks::GemmRunTile;
+using loom::tasks::GemmTallTile;
 using loom::tasks::GemmTile;
 using loom::tasks::GemmWideRunTile;
 using loom::tasks::GemmWideTile;
@@ -27,6 +28,7 @@ using GemmPipeline = loom::Pipeline<GemmTile>;
 using GemmRunPipeline = loom::Pipeline<GemmRunTile>;
 using GemmWidePipeline = loom::Pipeline<GemmWideTile>;
 using GemmWideRunPipeline = loom::Pipeline<GemmWideRunTile>;
+using GemmTallPipeline = loom::Pipeline<GemmTallTile>;
 
 struct Case {
   std::string name;
@@ -204,10 +206,13 @@ void run_case_with(Case const& c, int launches) {
   }
 }
 
-// Runs of N-tiles go through the run task type, single tiles through GemmTile.
+// Runs of N-tiles go through the run task type, single tiles through GemmTile (192-row ones
+// through GemmTallTile).
 void run_case(Case const& c, int launches = 2) {
   bool const runs = c.run > 1 || c.run_type;
-  if (c.block_n == 224 && runs)
+  if (c.block_m == 192)
+    run_case_with<GemmTallPipeline, GemmTallTile>(c, launches);
+  else if (c.block_n == 224 && runs)
     run_case_with<GemmWideRunPipeline, GemmWideRunTile>(c, launches);
   else if (c.block_n == 224)
     run_case_with<GemmWidePipeline, GemmWideTile>(c, launches);
@@ -239,8 +244,13 @@ std::vector<Case> all_cases() {
   for (P path : {P::wgmma, P::mma_sync}) {
     std::string const p = g::to_string(path);
     // Every tile shape.
-    for (auto [bm, bn] :
-         {std::pair<int, int>{128, 64}, {128, 128}, {128, 224}, {128, 256}, {64, 128}, {64, 256}})
+    for (auto [bm, bn] : {std::pair<int, int>{128, 64},
+                          {128, 128},
+                          {128, 224},
+                          {128, 256},
+                          {64, 128},
+                          {64, 256},
+                          {192, 256}})
       v.push_back(make(p + "_tile" + std::to_string(bm) + "x" + std::to_string(bn),
                        static_cast<std::uint16_t>(bm), static_cast<std::uint16_t>(bn), path));
     // Every epilogue, both output types.
@@ -248,6 +258,12 @@ std::vector<Case> all_cases() {
       for (O out : {O::bf16, O::fp32})
         v.push_back(make(p + "_" + g::to_string(act) + (out == O::bf16 ? "_bf16" : "_fp32"), 128,
                          128, path, act, out));
+    // Every epilogue on the tall tile (two blocks a warpgroup, finished one after the other).
+    for (A act : {A::none, A::relu, A::gelu_tanh, A::swiglu})
+      for (O out : {O::bf16, O::fp32})
+        v.push_back(make(
+            p + "_" + g::to_string(act) + (out == O::bf16 ? "_bf16" : "_fp32") + "_tile192x256",
+            192, 256, path, act, out));
     // SwiGLU on the N split and the widest tile.
     v.push_back(make(p + "_swiglu_tile64x256", 64, 256, path, A::swiglu));
     v.push_back(make(p + "_swiglu_tile128x256", 128, 256, path, A::swiglu, O::fp32));
@@ -365,10 +381,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuGemm, ::testing::ValuesIn(all_cases()),
 TEST(GpuGemmRows, EveryValidRowCountOfATile) {
   LOOM_REQUIRE_GPU();
   for (g::MmaPath path : {g::MmaPath::wgmma, g::MmaPath::mma_sync}) {
-    for (std::uint16_t bm : {std::uint16_t{128}, std::uint16_t{64}}) {
+    for (std::uint16_t bm : {std::uint16_t{128}, std::uint16_t{64}, std::uint16_t{192}}) {
       Case c;
       c.name = std::string("rows_1_to_") + std::to_string(bm) + "_" + g::to_string(path);
-      c.block_m = bm, c.block_n = bm == 128 ? 64 : 128, c.path = path;
+      c.block_m = bm, c.block_n = bm == 128 ? 64 : bm == 64 ? 128 : 256, c.path = path;
       c.experts = bm;
       for (std::uint32_t r = 1; r <= bm; ++r) c.rows.push_back(r);
       c.n = 128, c.k = 136;
@@ -393,6 +409,10 @@ TEST(GpuGemmRegisterSplit, ShortWideTilesGiveBorrowedRegistersBack) {
   run_case(c, 20);
   c.name = "register_split_128x256_k64_run4";
   c.run = 4;
+  run_case(c, 20);
+  c.name = "register_split_192x256_k64";  // the tall tile's split (232 / 40)
+  c.block_m = 192, c.run = 1;
+  c.rows.assign(c.experts, 3 * 192);
   run_case(c, 20);
 }
 

@@ -93,16 +93,75 @@ __device__ inline void produce_tiles(GemmOperands const& op, TileJob const& job,
   }
 }
 
-// The K loop of one active consumer warpgroup. kOverlap: the group of K block i stays in flight
-// while block i + 1 is issued, and a stage is released once wgmma.wait_group says the group that
-// read it has completed; otherwise each block's group is waited for before its stage is released.
-// Straight-line around the wgmma (no divergent paths), so ptxas keeps them asynchronous.
-// `stage` and `phase` carry the stream's position from one tile of a run to the next.
-template <int WN, bool kOverlap>
-__device__ void wgmma_k_loop(float (&acc)[WN / 2], TileJob const& job, PipelineSmem const& sm,
-                             TaskContext const& ctx, std::uint32_t a_base, std::uint32_t b_base,
-                             std::uint32_t stage_bytes, std::uint32_t stages, std::uint32_t& stage,
-                             std::uint32_t& phase) {
+// One warpgroup's 64 x WN block of a tile: its accumulators and the shared addresses of its A
+// rows and B rows in stage 0. issue(offset) issues the block's wgmma for the four k16 steps of the
+// K block `offset` bytes further on.
+template <int WN>
+struct WgmmaBlock {
+  float (&acc)[WN / 2];
+  std::uint32_t a_base, b_base;
+
+  __device__ LOOM_INLINE void fence() {
+#pragma unroll
+    for (int r = 0; r < WN / 2; ++r) ptx::fence_operand(acc[r]);
+  }
+  __device__ LOOM_INLINE void issue(std::uint32_t offset) {
+    std::uint64_t const desc_a = ptx::smem_desc_k_major_sw128(a_base + offset);
+    std::uint64_t const desc_b = ptx::smem_desc_k_major_sw128(b_base + offset);
+#pragma unroll
+    for (std::uint32_t k = 0; k < kBlockK / 16u; ++k)  // 16 elements = 32 bytes = 2 units of 16
+      ptx::WgmmaBf16<WN>::mma(desc_a + 2u * k, desc_b + 2u * k, acc, 1u);
+  }
+};
+
+// A tall tile's two blocks of one warpgroup g (config.hpp), both issued in each K block, one
+// group. The stage layout is fixed (kTallStageBytes, kTallStages), so the four operand descriptors
+// are one descriptor of the stage plus constants and g: in the 232 registers the consumers hold,
+// 192 are accumulators, and four operand addresses kept apart took two more than were left (loads
+// from local memory in the K loop). A descriptor's start address counts 16-byte units (the low
+// bits), and no operand of a stage ends past the stage area, so the additions never carry out of
+// it.
+inline constexpr std::uint32_t kTallABytes = 192u * kRowBytes;
+inline constexpr std::uint32_t kTallStageBytes = kTallABytes + 256u * kRowBytes;
+static_assert(GemmConfig{192, 256}.stage_bytes() == kTallStageBytes);
+struct TallBlocks {
+  float (&head)[128];
+  float (&tail)[kTallTailCols / 2];
+  std::uint32_t base;   // shared address of stage 0
+  std::uint32_t group;  // the warpgroup, 0 or 1
+
+  __device__ LOOM_INLINE void fence() {
+#pragma unroll
+    for (int r = 0; r < 128; ++r) ptx::fence_operand(head[r]);
+#pragma unroll
+    for (int r = 0; r < kTallTailCols / 2; ++r) ptx::fence_operand(tail[r]);
+  }
+  __device__ LOOM_INLINE void issue(std::uint32_t offset) {
+    constexpr std::uint32_t kUnit = 16;  // bytes of a descriptor's address unit
+    std::uint64_t const stage = ptx::smem_desc_k_major_sw128(base + offset);
+    std::uint64_t const head_a = stage + group * (64u * kRowBytes / kUnit);
+    std::uint64_t const b = stage + kTallABytes / kUnit;
+    std::uint64_t const tail_a = stage + kTallHeadRows * kRowBytes / kUnit;
+    std::uint64_t const tail_b = b + group * (kTallTailCols * kRowBytes / kUnit);
+#pragma unroll
+    for (std::uint32_t k = 0; k < kBlockK / 16u; ++k)
+      ptx::WgmmaBf16<256>::mma(head_a + 2u * k, b + 2u * k, head, 1u);
+#pragma unroll
+    for (std::uint32_t k = 0; k < kBlockK / 16u; ++k)
+      ptx::WgmmaBf16<kTallTailCols>::mma(tail_a + 2u * k, tail_b + 2u * k, tail, 1u);
+  }
+};
+
+// The K loop of one active consumer warpgroup over its block(s) (WgmmaBlock or TallBlocks).
+// kOverlap: the group of K block i stays in flight while block i + 1 is issued, and a stage is
+// released once wgmma.wait_group says the group that read it has completed; otherwise each
+// block's group is waited for before its stage is released. Straight-line around the wgmma (no
+// divergent paths), so ptxas keeps them asynchronous. `stage` and `phase` carry the stream's
+// position from one tile of a run to the next.
+template <bool kOverlap, class Blocks>
+__device__ void wgmma_k_loop(Blocks& blocks, TileJob const& job, PipelineSmem const& sm,
+                             TaskContext const& ctx, std::uint32_t stage_bytes,
+                             std::uint32_t stages, std::uint32_t& stage, std::uint32_t& phase) {
   bool const lane0 = threadIdx.x % 32u == 0;
   std::uint32_t previous = 0;
   for (std::uint32_t i = 0; i < job.k_block_count; ++i) {
@@ -113,17 +172,11 @@ __device__ void wgmma_k_loop(float (&acc)[WN / 2], TileJob const& job, PipelineS
       if constexpr (kOverlap) ptx::wgmma_wait_group<0>();
       if (!wait_barrier(sm.full + stage, phase, ctx, stage)) break;
     }
-    std::uint64_t const desc_a = ptx::smem_desc_k_major_sw128(a_base + stage * stage_bytes);
-    std::uint64_t const desc_b = ptx::smem_desc_k_major_sw128(b_base + stage * stage_bytes);
-#pragma unroll
-    for (int r = 0; r < WN / 2; ++r) ptx::fence_operand(acc[r]);
+    blocks.fence();
     ptx::wgmma_fence();
-#pragma unroll
-    for (std::uint32_t k = 0; k < kBlockK / 16u; ++k)  // 16 elements = 32 bytes = 2 units of 16
-      ptx::WgmmaBf16<WN>::mma(desc_a + 2u * k, desc_b + 2u * k, acc, 1u);
+    blocks.issue(stage * stage_bytes);
     ptx::wgmma_commit_group();
-#pragma unroll
-    for (int r = 0; r < WN / 2; ++r) ptx::fence_operand(acc[r]);
+    blocks.fence();
     ptx::wgmma_wait_group<kOverlap ? 1 : 0>();
     __syncwarp();
     if constexpr (kOverlap) {
@@ -136,11 +189,20 @@ __device__ void wgmma_k_loop(float (&acc)[WN / 2], TileJob const& job, PipelineS
   }
   if constexpr (kOverlap) {
     ptx::wgmma_wait_group<0>();
-#pragma unroll
-    for (int r = 0; r < WN / 2; ++r) ptx::fence_operand(acc[r]);
+    blocks.fence();
     __syncwarp();
     if (lane0 && job.k_block_count > 0) ptx::mbarrier_arrive(sm.empty + previous);
   }
+}
+
+template <class Blocks>
+__device__ LOOM_INLINE void run_k_loop(Blocks& blocks, GemmConfig const& cfg, TileJob const& job,
+                                       PipelineSmem const& sm, TaskContext const& ctx,
+                                       std::uint32_t& stage, std::uint32_t& phase) {
+  if (cfg.overlap)
+    wgmma_k_loop<true>(blocks, job, sm, ctx, cfg.stage_bytes(), cfg.stages, stage, phase);
+  else
+    wgmma_k_loop<false>(blocks, job, sm, ctx, cfg.stage_bytes(), cfg.stages, stage, phase);
 }
 
 // Consumer warpgroups (warps 0..7, all 256 threads): acc = this warp's 16 x WN fragment of
@@ -152,13 +214,11 @@ __device__ void consume_tiles(float (&acc)[WN / 2], GemmOperands const& op, Tile
                               PipelineSmem const& sm, TaskContext const& ctx, unsigned warp,
                               bool active, std::uint32_t& stage, std::uint32_t& phase) {
   GemmConfig const cfg = op.config;
-  std::uint32_t const stage_bytes = cfg.stage_bytes();
   unsigned const group = warp / 4u;
   // This warpgroup's operands inside a stage: its 64 rows of A (M split) or its WN rows of B.
   std::uint32_t const a_offset = cfg.split_n() ? 0u : group * 64u * kRowBytes;
   std::uint32_t const b_offset = cfg.split_n() ? group * WN * kRowBytes : 0u;
-  std::uint32_t const a_base = ptx::smem_address(sm.stages) + a_offset;
-  std::uint32_t const b_base = ptx::smem_address(sm.stages) + cfg.a_stage_bytes() + b_offset;
+  std::uint32_t const base = ptx::smem_address(sm.stages);
 #pragma unroll
   for (int i = 0; i < WN / 2; ++i) acc[i] = 0.0f;
   if (!active) {
@@ -168,13 +228,31 @@ __device__ void consume_tiles(float (&acc)[WN / 2], GemmOperands const& op, Tile
       if (threadIdx.x % 32u == 0) ptx::mbarrier_arrive(sm.empty + stage);
       if (++stage == cfg.stages) stage = 0, phase ^= 1u;
     }
-  } else if (cfg.overlap) {
-    wgmma_k_loop<WN, true>(acc, job, sm, ctx, a_base, b_base, stage_bytes, cfg.stages, stage,
-                           phase);
-  } else {
-    wgmma_k_loop<WN, false>(acc, job, sm, ctx, a_base, b_base, stage_bytes, cfg.stages, stage,
-                            phase);
+    return;
   }
+  WgmmaBlock<WN> block{acc, base + a_offset, base + cfg.a_stage_bytes() + b_offset};
+  run_k_loop(block, cfg, job, sm, ctx, stage, phase);
+}
+
+// The tall tile's consumer warpgroups: head = the warp's 16 x 256 fragment of rows [64 g, 64 g +
+// 64), tail = its 16 x 128 fragment of rows [128, 192) and columns [128 g, 128 g + 128) (warp_tile
+// and tail_warp_tile). One tile, from stage 0; `base`: the shared address of sm.stages, best a
+// constant (ptx::dynamic_smem_address).
+__device__ inline void consume_tall_tile(float (&head)[128], float (&tail)[kTallTailCols / 2],
+                                         GemmOperands const& op, TileJob const& job,
+                                         PipelineSmem const& sm, std::uint32_t base,
+                                         TaskContext const& ctx, unsigned warp) {
+  GemmConfig const cfg = op.config;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) head[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kTallTailCols / 2; ++i) tail[i] = 0.0f;
+  TallBlocks blocks{head, tail, base, warp / 4u};
+  std::uint32_t stage = 0, phase = 0;
+  if (cfg.overlap)
+    wgmma_k_loop<true>(blocks, job, sm, ctx, kTallStageBytes, kTallStages, stage, phase);
+  else
+    wgmma_k_loop<false>(blocks, job, sm, ctx, kTallStageBytes, kTallStages, stage, phase);
 }
 
 }  // namespace loom::tasks::gemm::impl

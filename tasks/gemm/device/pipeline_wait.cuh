@@ -16,12 +16,14 @@ enum class GemmFailure : std::uint32_t {
   barrier_timeout = 2,  // pipeline mbarrier never completed (a: barrier index, b: parity)
   no_wgmma = 3,         // wgmma path on a GPU (or build target) without wgmma
   block_size = 4,       // the block is not GemmTileTask::threads (a: blockDim, b: expected)
+  shared_memory = 5,    // a tall tile's shared memory is not the block's dynamic shared memory
+                        // (a: its shared address, b: the dynamic one's)
 };
 
 // Returns true once phase `parity` of `bar` completed; false when the launch failed (this wait
 // timed out and recorded it, or another actor failed). `which` names the barrier in the error.
 __device__ __forceinline__ bool wait_barrier(std::uint64_t* bar, std::uint32_t parity,
-                                    TaskContext const& ctx, std::uint32_t which) {
+                                             TaskContext const& ctx, std::uint32_t which) {
   if (ptx::mbarrier_try_wait_parity(bar, parity)) return true;
   Watchdog dog = ctx.watchdog(WaitSite::none, which);
   for (;;) {

@@ -29,6 +29,12 @@ __device__ LOOM_INLINE WarpTile warp_tile(GemmConfig const& cfg, unsigned warp) 
   if (cfg.split_n()) return WarpTile{16u * in_group, group * cfg.warp_n()};
   return WarpTile{64u * group + 16u * in_group, 0u};
 }
+// A tall tile's consumer warp also holds a 16 x 128 fragment of the tail block: rows 128 + 16
+// (warp % 4) on, columns [128 g, 128 g + 128) of its warpgroup g (its head is warp_tile's).
+inline constexpr std::uint32_t kTallHeadRows = 128, kTallTailCols = 128;
+__device__ LOOM_INLINE WarpTile tail_warp_tile(unsigned warp) {
+  return WarpTile{kTallHeadRows + 16u * (warp % 4u), (warp / 4u) * kTallTailCols};
+}
 
 }  // namespace loom::tasks::gemm::impl
 

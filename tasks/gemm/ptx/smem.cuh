@@ -15,6 +15,14 @@ LOOM_DEVICE LOOM_INLINE std::uint32_t smem_address(void const* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The shared address of the block's dynamic shared memory: a constant ptxas knows (the kernel's
+// extern shared array starts after its static shared memory), where an address read from a
+// pointer takes a register.
+LOOM_DEVICE LOOM_INLINE std::uint32_t dynamic_smem_address() {
+  extern __shared__ uint4 loom_gemm_dynamic_smem[];
+  return smem_address(loom_gemm_dynamic_smem);
+}
+
 LOOM_DEVICE LOOM_INLINE uint4 ld_shared_v4(std::uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
