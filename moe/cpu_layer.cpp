@@ -72,11 +72,6 @@ CpuMoELayer::CpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Cpu
     return v;
   };
   MoEView v = view_of(shapes_.main, shapes_.gemms);
-  if (shapes_.has_tall) {
-    MoEView const tall = view_of(shapes_.main, shapes_.tall_gemms);
-    v.tall_up_ops = tall.up_ops;
-    v.tall_down_ops = tall.down_ops;
-  }
   if (shapes_.has_short) {
     short_view_ = std::make_unique<MoEView>(view_of(shapes_.short_tiles, shapes_.short_gemms));
     v.short_view = short_view_.get();

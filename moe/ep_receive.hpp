@@ -404,6 +404,7 @@ class EpDecoder {
     EpView const& ep = *view_;
     MoEView const& v = ep.local;
     std::uint32_t const words = ep.inbox_words(), world = ep.world, experts = ep.local_experts;
+    std::uint32_t const tile_rows = v.tile_rows;
     std::uint32_t const* const inbox = ep.inbox;
     std::uint32_t* const local_tokens = ep.local_tokens;
     std::uint32_t* const offsets = v.offsets;
@@ -427,7 +428,7 @@ class EpDecoder {
         tile_base[e] = tiles;
         fill[e] = 0;
         rows += c[i];
-        tiles += expert_mtiles(v, c[i]);
+        tiles += (c[i] + tile_rows - 1) / tile_rows;
       }
     }
     offsets[experts] = rows;

@@ -29,20 +29,12 @@ bool short_expert_gemms(MoEConfig const& c, MmaPath path, ExpertGemmConfigs& out
   return true;
 }
 
-bool tall_expert_gemms(MoEConfig const& c, MmaPath path, ExpertGemmConfigs& out) {
-  if (short_mtiles(c, c.max_tokens)) return false;
-  out = expert_gemms(kTallMTileRows, path);
-  check_short_gemms(choose_expert_gemms(c, path), out);
-  return true;
-}
-
 void check_short_gemms(ExpertGemmConfigs const& tall, ExpertGemmConfigs const& short_tiles) {
   auto const check = [](char const* gemm, GemmConfig const& t, GemmConfig const& s) {
     if (t.block_n != s.block_n)
-      throw Error(std::string("loom: the ") + gemm + " GEMM's " + std::to_string(s.block_m) +
-                  "-row M-tiles must use the " + std::to_string(t.block_m) +
-                  "-row ones' N-tiles (" + std::to_string(s.block_n) + " columns against " +
-                  std::to_string(t.block_n) +
+      throw Error(std::string("loom: the ") + gemm +
+                  " GEMM's short M-tiles must use the tall ones' N-tiles (" +
+                  std::to_string(s.block_n) + " columns against " + std::to_string(t.block_n) +
                   "): an expert's last M-tile is emitted with the layer's N-tile count");
   };
   check("up", tall.up, short_tiles.up);

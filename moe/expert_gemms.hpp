@@ -35,16 +35,10 @@ ExpertGemmConfigs choose_expert_gemms(MoEConfig const& config,
 // The 64-row configuration for the calls of few tokens, when choose_expert_gemms chose 128 rows;
 // false when the layer's tiles are already short. Checked against the tall one (check_short_gemms).
 bool short_expert_gemms(MoEConfig const& config, tasks::gemm::MmaPath path, ExpertGemmConfigs& out);
-// The 192-row configuration of the tall M-tiles (MoEView::tail_rows: an expert's last full M-tile
-// with the at most 64 rows after it), when choose_expert_gemms chose 128 rows; false otherwise.
-// Fed from HBM, a 192-row tile took as long as a 128-row one, where a 128-row and a 64-row tile on
-// the same weights cost half as much again (docs/performance.md).
-bool tall_expert_gemms(MoEConfig const& config, tasks::gemm::MmaPath path, ExpertGemmConfigs& out);
-inline constexpr std::uint32_t kTallMTileRows = 192;
-// An expert's last M-tile may run on the short (or tall) configuration's operands, but it is
-// emitted with the layer's N-tile counts (MoEView::up_tiles, down_tiles) and the plan retires the
-// dynamic bound by them: every height must cut N into the same tiles. Throws loom::Error naming
-// the GEMM whose N-tiles differ.
+// An expert's last M-tile may run on the short configuration's operands, but it is emitted with
+// the layer's N-tile counts (MoEView::up_tiles, down_tiles) and the plan retires the dynamic bound
+// by them: both heights must cut N into the same tiles. Throws loom::Error naming the GEMM whose
+// N-tiles differ.
 void check_short_gemms(ExpertGemmConfigs const& tall, ExpertGemmConfigs const& short_tiles);
 
 // Which experts a rank's GEMMs hold and how many pool rows it has: all of them and T * k on one

@@ -52,11 +52,10 @@ struct SlotScatterSink {
 struct HRowsSink : tasks::gemm::LocalTileSink {};
 
 // Tiles that never split K (the expert GEMMs' configurations have splits = 1): single up and
-// down tiles, which also take the tall M-tiles' 192-row tiles (MoEView::tail_rows), and runs of
-// up tiles (ExpertUpRun).
-using UpGemm = tasks::GemmTileTask<tasks::gemm::LocalTileSink, false, false, false, true>;
+// down tiles, and runs of up tiles (ExpertUpRun).
+using UpGemm = tasks::GemmTileTask<tasks::gemm::LocalTileSink, false, false>;
 using UpRunGemm = tasks::GemmTileTask<HRowsSink, true, false>;
-using DownGemm = tasks::GemmTileTask<SlotScatterSink, false, false, false, true>;
+using DownGemm = tasks::GemmTileTask<SlotScatterSink, false, false>;
 
 // The GEMM tile of an MoE tile: same rows in A and C (pool row = h row), no split-K.
 template <class Gemm>

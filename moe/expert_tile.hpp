@@ -12,7 +12,7 @@ struct TilePayload {
   MoEView const* view;
   std::uint32_t row0;   // first pool row
   std::uint32_t mtile;  // global M-tile index (arrival counters)
-  std::uint16_t rows;   // valid rows, 1 .. tile_rows + tail_rows
+  std::uint16_t rows;   // valid rows, 1 .. tile_rows
   std::uint16_t expert;
   std::uint16_t ntile;  // the first of the task's N-tiles
   std::uint16_t count;  // N-tiles ntile .. ntile + count - 1 (a run; 1 for down tiles)
@@ -27,38 +27,30 @@ struct TilePayload {
   tasks::gemm::L2Hint b_l2 = tasks::gemm::L2Hint::normal;
 };
 
-// The GEMM operands of one projection's tiles: the view's; on a layer with a short view
-// (MoEView::short_view) the short view's for an expert's last M-tile of at most short_rows rows
-// (the same rows of the same buffers, half the tile height, so half the tensor-core work); and
-// the tall operands for an M-tile that took its expert's tail (more than tile_rows rows).
+// The GEMM operands of one projection's tiles: the view's, and on a layer with a short view
+// (MoEView::short_view) the short view's for an expert's last M-tile of at most short_rows rows:
+// the same rows of the same buffers, half the tile height, so half the tensor-core work.
 struct TileOps {
-  tasks::gemm::GemmOperands const* main;
-  tasks::gemm::GemmOperands const* short_ops;  // null: no short view
-  tasks::gemm::GemmOperands const* tall_ops;   // null: no tall M-tiles
-  std::uint32_t short_rows, tile_rows;
+  tasks::gemm::GemmOperands const* tall;
+  tasks::gemm::GemmOperands const* short_ops;  // null: one height
+  std::uint32_t short_rows;
   std::uint32_t run, ntiles;  // N-tiles per task (the last may hold fewer), and in all
   LOOM_HD tasks::gemm::GemmOperands const* of(std::uint32_t rows) const {
-    if (rows > tile_rows) return tall_ops;
-    return short_ops && rows <= short_rows ? short_ops : main;
+    return short_ops && rows <= short_rows ? short_ops : tall;
   }
 };
 LOOM_HD inline TileOps up_tile_ops(MoEView const& v) {
-  return {v.up_ops,      v.short_view ? v.short_view->up_ops : nullptr,
-          v.tall_up_ops, v.short_rows,
-          v.tile_rows,   v.up_run,
+  return {v.up_ops, v.short_view ? v.short_view->up_ops : nullptr, v.short_rows, v.up_run,
           v.up_tiles};
 }
 LOOM_HD inline TileOps down_tile_ops(MoEView const& v) {
-  return {v.down_ops,      v.short_view ? v.short_view->down_ops : nullptr,
-          v.tall_down_ops, v.short_rows,
-          v.tile_rows,     1,
+  return {v.down_ops, v.short_view ? v.short_view->down_ops : nullptr, v.short_rows, 1,
           v.down_tiles};
 }
 
 // A group of an expert's M-tiles (MoEView::mtile_group): its first M-tile, how many, the rows
 // they hold and the first of them in the pool. `slot` (the group's first global M-tile) indexes
-// its arrival counters. `sole`: the expert's only M-tile in the call. The expert's last M-tile
-// may hold its tail (expert_mtiles): then the last group holds more than mtiles x tile_rows rows.
+// its arrival counters. `sole`: the expert's only M-tile in the call.
 struct MTileGroup {
   std::uint32_t expert, first, mtiles, rows, row0, slot;
   bool sole;
@@ -67,17 +59,17 @@ struct MTileGroup {
 LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t const* offsets,
                                          std::uint32_t const* tile_base, std::uint32_t e,
                                          std::uint32_t local_tile) {
-  std::uint32_t const count = offsets[e + 1] - offsets[e], tiles = expert_mtiles(v, count);
+  std::uint32_t const count = offsets[e + 1] - offsets[e];
   std::uint32_t const first = local_tile / v.mtile_group * v.mtile_group;
-  std::uint32_t const left = tiles - first;
-  std::uint32_t const mtiles = left < v.mtile_group ? left : v.mtile_group;
+  std::uint32_t const left = count - first * v.tile_rows, most = v.mtile_group * v.tile_rows;
+  std::uint32_t const rows = left < most ? left : most;
   return {e,
           first,
-          mtiles,
-          first + mtiles == tiles ? count - first * v.tile_rows : mtiles * v.tile_rows,
+          (rows + v.tile_rows - 1) / v.tile_rows,
+          rows,
           offsets[e] + first * v.tile_rows,
           tile_base[e] + first,
-          tiles == 1};
+          count <= v.tile_rows};
 }
 LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
                                          std::uint32_t local_tile) {
@@ -89,8 +81,8 @@ LOOM_HD inline MTileGroup mtile_group_of(MoEView const& v, std::uint32_t e,
 LOOM_HD inline Task group_tile(std::uint16_t type, MoEView const& v, TileOps const& ops,
                                MTileGroup const& g, std::uint32_t i) {
   std::uint32_t const n = i / g.mtiles, m = i - n * g.mtiles;
-  // The group's last M-tile holds what is left (with the expert's tail, more than tile_rows).
-  std::uint32_t const rows = m + 1 == g.mtiles ? g.rows - m * v.tile_rows : v.tile_rows;
+  std::uint32_t const left = g.rows - m * v.tile_rows;
+  std::uint32_t const rows = left < v.tile_rows ? left : v.tile_rows;
   std::uint32_t const ntile = n * ops.run, after = ops.ntiles - ntile;
   return encode_task(
       type,
@@ -206,8 +198,7 @@ struct GatherTokens {
   // group resets its counter and returns it.
   LOOM_HD static bool arrive_on_group(MoEView const& v, std::int32_t e, std::uint32_t index,
                                       MTileGroup& g) {
-    g = mtile_group_of(v, static_cast<std::uint32_t>(e),
-                       mtile_of_row(v, v.offsets[e + 1] - v.offsets[e], index));
+    g = mtile_group_of(v, static_cast<std::uint32_t>(e), index / v.tile_rows);
     if (fetch_add_acq_rel(v.rows_arrived[g.slot], 1u) + 1 != g.rows) return false;
     store_relaxed(v.rows_arrived[g.slot], 0u);
     return true;

@@ -37,11 +37,6 @@ GpuMoELayer::GpuMoELayer(MoEConfig const& config, MoEWeights const& weights, Gpu
     return v;
   };
   MoEView v = view_of(shapes_.main, shapes_.gemms, gemms_);
-  if (shapes_.has_tall) {
-    MoEView const tall = view_of(shapes_.main, shapes_.tall_gemms, tall_gemms_);
-    v.tall_up_ops = tall.up_ops;
-    v.tall_down_ops = tall.down_ops;
-  }
   if (shapes_.has_short) {
     short_view_ = DeviceBuffer<MoEView>(
         std::vector<MoEView>{view_of(shapes_.short_tiles, shapes_.short_gemms, short_gemms_)});

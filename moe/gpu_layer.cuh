@@ -79,7 +79,7 @@ class GpuMoELayer {
   LayerBuffers buf_;
   DeviceBuffer<std::uint32_t> block_done_;
   DeviceBuffer<bf16> y_;
-  Gemms gemms_, short_gemms_, tall_gemms_;
+  Gemms gemms_, short_gemms_;
   DeviceBuffer<MoEView> short_view_, view_;
   std::unique_ptr<GpuExecutor<MoEPipeline>> executor_;
   std::uint32_t last_tokens_ = 0;

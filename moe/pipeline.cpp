@@ -109,9 +109,6 @@ LayerShapes make_layer_shapes(MoEConfig const& c, tasks::gemm::MmaPath path,
   // The largest call with at most kShortMTileRows rows per expert on average.
   s.main.short_tokens = kShortMTileRows * c.experts / c.top_k;
   s.main.short_rows = s.short_tiles.tile_rows;
-  // An expert's last full M-tile takes the at most 64 rows after it.
-  s.has_tall = tall_expert_gemms(c, path, s.tall_gemms);
-  if (s.has_tall) s.main.tail_rows = s.tall_gemms.up.block_m - s.main.tile_rows;
   return s;
 }
 

@@ -30,12 +30,10 @@ MoEView make_view_shape(MoEConfig const& config, ExpertGemmConfigs const& gemms,
 // known) from the launch's start (the launch's roots: no RouteTile before them), both views have
 // route_gathers: the route tasks plan and gather the call themselves (moe/route_gather.hpp).
 // Bind both views' buffers alike, then point main.short_view at short_tiles' copy.
-// With short M-tiles, main also has tall ones (tall_gemms; MoEView::tail_rows): bind their
-// operands to main's tall_up_ops and tall_down_ops.
 struct LayerShapes {
   MoEView main{}, short_tiles{};
-  ExpertGemmConfigs gemms{}, short_gemms{}, tall_gemms{};
-  bool has_short = false, has_tall = false;
+  ExpertGemmConfigs gemms{}, short_gemms{};
+  bool has_short = false;
 
   // Rows per expert M-tile of a call of `tokens` tokens: the choice PlanExperts::tiles_view makes
   // on the executor.

@@ -51,7 +51,7 @@ struct PlanExperts {
       v.offsets[e] = rows;
       v.tile_base[e] = tiles;
       rows += c;
-      tiles += expert_mtiles(v, c);
+      tiles += (c + v.tile_rows - 1) / v.tile_rows;
       v.counts[e] = 0;
       v.fill[e] = 0;
     }
@@ -111,7 +111,7 @@ struct PlanExperts {
     auto* const count = static_cast<std::uint32_t*>(shared);  // [kMaxExperts]
     auto& scan = *reinterpret_cast<typename Scan::TempStorage*>(count + kMaxExperts);
     __shared__ std::uint32_t tiles;
-    std::uint32_t const experts = v.experts;
+    std::uint32_t const experts = v.experts, tile_rows = v.tile_rows;
     for (std::uint32_t e = threadIdx.x; e < experts; e += blockDim.x)
       count[e] = load_relaxed(v.counts[e]);
     __syncthreads();
@@ -121,7 +121,7 @@ struct PlanExperts {
       std::uint32_t const per = (experts + 31) / 32, e0 = min(threadIdx.x * per, experts),
                           e1 = min(e0 + per, experts);
       auto rows_and_tiles = [&](std::uint32_t e) {
-        return RowsAndTiles{count[e], expert_mtiles(v, count[e])};
+        return RowsAndTiles{count[e], (count[e] + tile_rows - 1) / tile_rows};
       };
       RowsAndTiles sum{0, 0};
       for (std::uint32_t e = e0; e < e1; ++e) sum = AddRowsAndTiles{}(sum, rows_and_tiles(e));

@@ -141,11 +141,6 @@ struct MoEView {
   // views': a call on a view of fewer retires the difference).
   std::uint32_t up_run, up_tasks, up_tasks_bound;
   std::uint32_t tile_rows;  // rows per expert M-tile: both GEMMs' block_m
-  // An expert whose rows past its last full M-tile are at most tail_rows adds them to that M-tile
-  // (expert_mtiles): a tall M-tile of tile_rows + 1 .. tile_rows + tail_rows rows, which runs on
-  // tall_up_ops and tall_down_ops (192-row tiles: the weights read once for all its rows, where a
-  // short M-tile of its own would read them again). 0: none (the tall operands null).
-  std::uint32_t tail_rows;
   // An expert's M-tiles in groups of mtile_group: a group's tiles are emitted together when its
   // last row (up) or last up tile (down) is in, N-tile-major, so the group's M-tiles read each
   // weight tile at about the same time (once from HBM, the others from L2). 1: each M-tile as
@@ -203,8 +198,6 @@ struct MoEView {
   // h · W2ᵀ, accumulated in fp32 and stored as bf16, delivered row by row to y[slot][token].
   tasks::gemm::GemmOperands const* up_ops;
   tasks::gemm::GemmOperands const* down_ops;
-  tasks::gemm::GemmOperands const* tall_up_ops;  // tail_rows > 0: the tall M-tiles' operands
-  tasks::gemm::GemmOperands const* tall_down_ops;
 
   // Routing.
   std::int32_t* topk_ids;        // [T][k], -1: no expert
@@ -346,19 +339,6 @@ struct BlockPayload {
   MoEView const* view;
   std::uint32_t block;
 };
-
-// M-tiles of an expert of `rows` rows: ceil(rows / tile_rows), less the last where it would hold
-// at most tail_rows rows after a full one (the full one takes them).
-LOOM_HD inline std::uint32_t expert_mtiles(MoEView const& v, std::uint32_t rows) {
-  std::uint32_t const full = rows / v.tile_rows, left = rows - full * v.tile_rows;
-  return full + (left > 0 && (full == 0 || left > v.tail_rows) ? 1u : 0u);
-}
-// The M-tile of row `index` of an expert's `rows` rows.
-LOOM_HD inline std::uint32_t mtile_of_row(MoEView const& v, std::uint32_t rows,
-                                          std::uint32_t index) {
-  std::uint32_t const m = index / v.tile_rows, last = expert_mtiles(v, rows) - 1u;
-  return m < last ? m : last;
-}
 
 // Bounds the graph declares for dynamic emission.
 inline std::uint32_t max_mtiles(std::uint32_t max_tokens, std::uint32_t top_k,

@@ -101,12 +101,10 @@ inline Top2Routing top2_with_counts(std::vector<std::uint32_t> const& counts, st
   return r;
 }
 
-// Expert counts of a 600-token top-2 call on a layer of 128-row M-tiles with tall ones
-// (MoEView::tail_rows 64): the experts' last M-tiles hold 190 rows (tall: 128 + 62), 65 (the
-// main operands), 40 (the short ones) and 137 (tall: 128 + 9), 10 M-tiles in all.
-inline std::vector<std::uint32_t> const kMixedLastTiles = {190, 449, 40, 521};
+// Expert counts of a 600-token top-2 call whose last M-tiles of 128 rows hold 62, 65, 2 and 47
+// rows: three of them run on the short operands (at most 64 rows), one on the tall ones.
+inline std::vector<std::uint32_t> const kMixedLastTiles = {190, 321, 130, 559};
 inline constexpr std::uint32_t kMixedLastTilesTokens = 600;
-inline constexpr std::uint32_t kMixedLastTilesMTiles = 1 + 4 + 1 + 4;
 
 // Token counts of calls on a layer whose route tasks take several groups in turn (route_rounds
 // > 1; `max_tokens` its size): one token, a call ending in a task's first group, one ending in its

@@ -210,9 +210,6 @@ void calls_of_few_tokens_on_a_tall_layer(std::uint32_t ffn) {
   loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuMoELayer layer(c, w);
-  LayerShapes const shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
-  ASSERT_EQ(shapes.main.tail_rows, 64u);
-  ASSERT_EQ(shapes.short_tiles.tail_rows, 0u);
   std::uint32_t const short_tokens = kShortMTileRows * c.experts / c.top_k;
   ASSERT_EQ(layer.mtile_rows(c.max_tokens), 128u);
   ASSERT_EQ(layer.mtile_rows(short_tokens), 64u);
@@ -227,120 +224,74 @@ void calls_of_few_tokens_on_a_tall_layer(std::uint32_t ffn) {
     auto const ref = reference_moe(c, w, x.data(), tokens, ids.data(), wts.data());
     EXPECT_LT(relative_error(out, ref), 1e-2);
     std::uint32_t const rows = layer.mtile_rows(tokens);
-    MoEView const& view = rows == shapes.main.tile_rows ? shapes.main : shapes.short_tiles;
     std::uint32_t expected = 0;
-    for (std::uint32_t n : layer.expert_tokens()) expected += expert_mtiles(view, n);
+    for (std::uint32_t n : layer.expert_tokens()) expected += (n + rows - 1) / rows;
     EXPECT_EQ(layer.mtiles(), expected) << rows << "-row M-tiles";
   }
 }
 
-// The rule: on a layer of 128-row M-tiles, a tile of at most short_rows rows takes the short
-// view's GEMM operands, one of more than tile_rows (an expert's last full M-tile with the at most
-// tail_rows rows after it) the tall ones, any other its own view's; the short view has neither.
+// The rule: on a layer with tall M-tiles, a tile of at most short_rows rows takes the short view's
+// GEMM operands, any other tile its own view's; the short view has no short view of its own.
 // The emitted tile carries its operands and its place in its M-tile group.
-TEST(CpuMoE, LastMTilesTakeTheShortOrTheTallOperands) {
+TEST(CpuMoE, LastMTilesOfFewRowsTakeTheShortOperands) {
   MoEConfig c = tall_config();
   LayerShapes shapes = make_layer_shapes(c, loom::tasks::gemm::MmaPath::wgmma);
   ASSERT_TRUE(shapes.has_short);
-  ASSERT_TRUE(shapes.has_tall);
   ASSERT_EQ(shapes.main.tile_rows, 128u);
   EXPECT_EQ(shapes.main.short_rows, 64u);
-  EXPECT_EQ(shapes.main.tail_rows, 64u);
-  EXPECT_EQ(shapes.tall_gemms.up.block_m, 192u);
-  EXPECT_EQ(shapes.tall_gemms.down.block_m, 192u);
   EXPECT_EQ(shapes.short_tiles.short_rows, 0u);
-  EXPECT_EQ(shapes.short_tiles.tail_rows, 0u);
-  loom::tasks::gemm::GemmOperands up_main, up_short, up_tall, down_main, down_short, down_tall;
-  shapes.main.up_ops = &up_main;
-  shapes.main.down_ops = &down_main;
-  shapes.main.tall_up_ops = &up_tall;
-  shapes.main.tall_down_ops = &down_tall;
+  loom::tasks::gemm::GemmOperands up_tall, up_short, down_tall, down_short;
+  shapes.main.up_ops = &up_tall;
+  shapes.main.down_ops = &down_tall;
   shapes.short_tiles.up_ops = &up_short;
   shapes.short_tiles.down_ops = &down_short;
   shapes.main.short_view = &shapes.short_tiles;
   TileOps const up = up_tile_ops(shapes.main), down = down_tile_ops(shapes.main);
   EXPECT_EQ(up.of(1), &up_short);
   EXPECT_EQ(up.of(64), &up_short);
-  EXPECT_EQ(up.of(65), &up_main);
-  EXPECT_EQ(up.of(128), &up_main);
-  EXPECT_EQ(up.of(129), &up_tall);
-  EXPECT_EQ(up.of(192), &up_tall);
+  EXPECT_EQ(up.of(65), &up_tall);
+  EXPECT_EQ(up.of(128), &up_tall);
   EXPECT_EQ(down.of(64), &down_short);
-  EXPECT_EQ(down.of(65), &down_main);
-  EXPECT_EQ(down.of(150), &down_tall);
+  EXPECT_EQ(down.of(65), &down_tall);
   EXPECT_EQ(up_tile_ops(shapes.short_tiles).of(64), &up_short);
-  // M-tiles per expert: a tail of at most 64 rows joins the last full M-tile.
-  MoEView const& m = shapes.main;
-  for (auto [rows, tiles] : {std::pair{0u, 0u},
-                             {1u, 1u},
-                             {64u, 1u},
-                             {128u, 1u},
-                             {129u, 1u},
-                             {192u, 1u},
-                             {193u, 2u},
-                             {256u, 2u},
-                             {300u, 2u},
-                             {320u, 2u},
-                             {321u, 3u}})
-    EXPECT_EQ(expert_mtiles(m, rows), tiles) << rows << " rows";
-  EXPECT_EQ(mtile_of_row(m, 300, 127), 0u);
-  EXPECT_EQ(mtile_of_row(m, 300, 128), 1u);
-  EXPECT_EQ(mtile_of_row(m, 300, 299), 1u);  // the tail, in the last full M-tile
-  EXPECT_EQ(mtile_of_row(m, 400, 399), 2u);  // 16 rows past three full M-tiles: the third's
-  EXPECT_EQ(mtile_of_row(m, 450, 449), 3u);  // 66 rows past them: their own
-  // Experts of 120, 180 and 300 rows: M-tiles of 120; 180 (tall); 128 and 172 (tall).
-  std::uint32_t offsets[] = {0, 120, 300, 600};
-  std::uint32_t tile_base[] = {0, 1, 2, 4};
+  // A group of 175 rows of expert 2, whose pool rows start at 300, from global M-tile 7: task 3
+  // is N-tile 1 of its second M-tile, which holds the last 47 rows.
+  std::uint32_t offsets[] = {0, 120, 300, 475};
   shapes.main.offsets = offsets;
-  shapes.main.tile_base = tile_base;
-  MTileGroup const g = mtile_group_of(shapes.main, 2, 1);
-  EXPECT_EQ(g.first, 0u);
-  EXPECT_EQ(g.mtiles, 2u);
-  EXPECT_EQ(g.rows, 300u);
-  EXPECT_EQ(g.row0, 300u);
-  EXPECT_EQ(g.slot, 2u);
-  EXPECT_FALSE(g.sole);
-  // Task 3 of its group is N-tile 1 of its second M-tile, the tall one.
-  loom::Task const task = group_tile(5, shapes.main, up, g, 3);
+  loom::Task const task =
+      group_tile(5, shapes.main, up, MTileGroup{2, 0, 2, 175, 300, 7, false}, 3);
   TilePayload p;
   std::memcpy(&p, task.payload, sizeof p);
   EXPECT_EQ(task.header.type, 5u);
   EXPECT_EQ(p.view, &shapes.main);
   EXPECT_EQ(p.row0, 428u);
-  EXPECT_EQ(p.mtile, 3u);
-  EXPECT_EQ(p.rows, 172u);
+  EXPECT_EQ(p.mtile, 8u);
+  EXPECT_EQ(p.rows, 47u);
   EXPECT_EQ(p.expert, 2u);
   EXPECT_EQ(p.ntile, 1u);
   EXPECT_EQ(p.group_m, 1u);
   EXPECT_EQ(p.group_mtiles, 2u);
-  EXPECT_EQ(p.ops, &up_tall);
+  EXPECT_EQ(p.ops, &up_short);
   EXPECT_EQ(p.b_l2, loom::tasks::gemm::L2Hint::normal);  // the first M-tile reads the same weights
-  std::memcpy(&p, group_tile(5, shapes.main, up, g, 2).payload, sizeof p);
-  EXPECT_EQ(p.rows, 128u);
-  EXPECT_EQ(p.ops, &up_main);
   // An expert's only M-tile streams its weights: its B loads are evict_first.
+  std::uint32_t tile_base[] = {0, 1, 3, 5};
+  shapes.main.tile_base = tile_base;
+  ASSERT_EQ(shapes.main.tile_rows, 128u);
   MTileGroup const sole = mtile_group_of(shapes.main, 0, 0);  // 120 rows
   EXPECT_TRUE(sole.sole);
-  MTileGroup const tall = mtile_group_of(shapes.main, 1, 0);  // 180 rows: one tall M-tile
-  EXPECT_TRUE(tall.sole);
-  EXPECT_EQ(tall.rows, 180u);
+  EXPECT_FALSE(mtile_group_of(shapes.main, 1, 1).sole);  // 180 rows: two M-tiles
+  EXPECT_FALSE(mtile_group_of(shapes.main, 2, 0).sole);
   std::memcpy(&p, group_tile(5, shapes.main, up, sole, 0).payload, sizeof p);
   EXPECT_EQ(p.rows, 120u);
   EXPECT_EQ(p.b_l2, loom::tasks::gemm::L2Hint::evict_first);
-  std::memcpy(&p, group_tile(5, shapes.main, down, tall, 0).payload, sizeof p);
-  EXPECT_EQ(p.rows, 180u);
-  EXPECT_EQ(p.ops, &down_tall);
-  EXPECT_EQ(p.b_l2, loom::tasks::gemm::L2Hint::evict_first);
   MoEConfig small = small_config(Activation::swiglu, 4, 2);
-  small.max_tokens = 40;  // 64-row tiles: no short view, no tall M-tiles
+  small.max_tokens = 40;  // 64-row tiles: no short view
   LayerShapes const one = make_layer_shapes(small, loom::tasks::gemm::MmaPath::wgmma);
   EXPECT_EQ(one.main.tile_rows, 64u);
   EXPECT_FALSE(one.has_short);
-  EXPECT_FALSE(one.has_tall);
   EXPECT_EQ(one.main.short_rows, 0u);
-  EXPECT_EQ(one.main.tail_rows, 0u);
 
-  // A call whose experts' last M-tiles run on each of the three operands, against float64.
+  // A call whose experts end in M-tiles of 62, 65, 2 and 47 rows, against float64.
   loom::test::TracedSeed const seed;
   MoEWeights const w = random_weights(c, seed);
   CpuMoELayer layer(c, w);
@@ -353,7 +304,7 @@ TEST(CpuMoE, LastMTilesTakeTheShortOrTheTallOperands) {
   EXPECT_LT(relative_error(out, reference_moe(c, w, x.data(), tokens, ids.data(), wts.data())),
             1e-2);
   EXPECT_EQ(layer.expert_tokens(), checks::kMixedLastTiles);
-  EXPECT_EQ(layer.mtiles(), checks::kMixedLastTilesMTiles);
+  EXPECT_EQ(layer.mtiles(), 2u + 3u + 2u + 5u);
 }
 
 // Up tasks as runs of N-tiles (MoEView::up_run) on views of 64-row tiles, through their own task
@@ -377,7 +328,7 @@ TEST(CpuMoE, UpTaskAtListsTheGroupsTasksInOrder) {
       for (std::uint32_t e = 0; e < v->experts; ++e) {
         std::uint32_t const rows = rng() % 3 == 0 ? 0 : rng() % (5 * v->tile_rows);
         offsets[e + 1] = offsets[e] + rows;
-        tile_base[e + 1] = tile_base[e] + expert_mtiles(*v, rows);
+        tile_base[e + 1] = tile_base[e] + (rows + v->tile_rows - 1) / v->tile_rows;
       }
       v->offsets = offsets.data();
       v->tile_base = tile_base.data();
@@ -515,8 +466,8 @@ TEST(CpuMoE, ShortMTilesThatCutNOtherwiseAreRefused) {
     check_short_gemms(tall, narrow);
     ADD_FAILURE() << "no error";
   } catch (loom::Error const& e) {
-    EXPECT_NE(std::string(e.what()).find("the down GEMM's 64-row M-tiles must use the 128-row "
-                                         "ones' N-tiles (128 columns against 256)"),
+    EXPECT_NE(std::string(e.what()).find("the down GEMM's short M-tiles must use the tall ones' "
+                                         "N-tiles (128 columns against 256)"),
               std::string::npos)
         << e.what();
   }
