@@ -268,8 +268,10 @@ struct GemmTileTask {
  public:
 #if defined(__CUDACC__)
   // Called by every thread of the processor block (blockDim.x >= threads; threads past `threads`
-  // join the block barriers only). Uses shared_bytes of ctx.shared_memory().
-  __device__ static void device(Payload const& p, TaskContext& ctx) {
+  // join the block barriers only). Uses shared_bytes of ctx.shared_memory(). Always inlined, as
+  // are run and run_tall: a body left as a call holds wgmma of its own, and ptxas then serializes
+  // every wgmma of the kernel (C7510; scripts/sass_check.py fails such a build).
+  __device__ LOOM_INLINE static void device(Payload const& p, TaskContext& ctx) {
     using namespace gemm;
     GemmOperands const& op = *p.ops;
     GemmConfig const cfg = op.config;
@@ -329,8 +331,9 @@ struct GemmTileTask {
  private:
   // The tiles of a run, n_tile .. n_tile + tiles - 1 of `job`.
   template <int WN>
-  __device__ static void run(gemm::GemmOperands const& op, gemm::impl::TileJob const& job,
-                             std::uint32_t tiles, TaskContext& ctx) {
+  __device__ LOOM_INLINE static void run(gemm::GemmOperands const& op,
+                                         gemm::impl::TileJob const& job, std::uint32_t tiles,
+                                         TaskContext& ctx) {
     using namespace gemm;
     GemmConfig const cfg = op.config;
     impl::PipelineSmem const sm = pipeline_smem(ctx);
@@ -468,8 +471,8 @@ struct GemmTileTask {
   // and its tail fragment (16 x 128), 192 accumulators a thread, with the registers the producer
   // warpgroup gives up (setmaxnreg kTallConsumerRegs / kTallProducerRegs, back to kEntryRegs at
   // the end, as run's 128x256 tile does).
-  __device__ static void run_tall(gemm::GemmOperands const& op, gemm::impl::TileJob const& job,
-                                  TaskContext& ctx) {
+  __device__ LOOM_INLINE static void run_tall(gemm::GemmOperands const& op,
+                                              gemm::impl::TileJob const& job, TaskContext& ctx) {
     using namespace gemm;
     GemmConfig const cfg = op.config;
     impl::PipelineSmem const sm = pipeline_smem(ctx);
