@@ -75,8 +75,8 @@ struct GemmTileCoord {
 // other widths, the 224-column code took the kernel's local accesses from 179-187 to 282, and
 // 128x128 tiles split in two ran 1-5% slower (docs/gemm.md, "A 224-column tile").
 // A task type built with kTall also takes the 192x256 tile (gemm::GemmConfig::tall), single
-// tiles without split-K: a kernel of its own K loop and epilogue, compiled only where a GEMM
-// uses it (the MoE layer's expert tiles; GemmTallTile).
+// tiles without split-K: its K loop and epilogue are compiled only into such types' kernels
+// (GemmTallTile).
 template <class Sink = gemm::LocalTileSink, bool kRuns = false, bool kSplitK = true,
           bool kWide = false, bool kTall = false>
 struct GemmTileTask {
