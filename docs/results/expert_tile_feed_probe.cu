@@ -34,15 +34,6 @@
 #include "tasks/gemm/ptx/tma.cuh"
 #include "tasks/gemm/ptx/wgmma.cuh"
 
-#define CK(x)                                              \
-  do {                                                     \
-    cudaError_t e_ = (x);                                  \
-    if (e_ != cudaSuccess) {                               \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); \
-      return 1;                                            \
-    }                                                      \
-  } while (0)
-
 namespace ptx = loom::tasks::gemm::ptx;
 
 constexpr int kK = 2048, kKBlocks = kK / 64, kCtas = 131, kMaxTiles = 8;

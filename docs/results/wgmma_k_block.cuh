@@ -1,10 +1,23 @@
 // The K block step of the expert tiles' K loop (tasks/gemm/device/mainloop_wgmma.cuh), as the
 // probes wgmma_split_probe.cu and expert_tile_feed_probe.cu issue it for one warpgroup: wgmma N1
 // on (da1, db1) and, if N2 > 0, N2 on (da2, db2) for the four k16 steps of a 64-wide K block, one
-// commit, then a wait that leaves this block's group in flight.
+// commit, then a wait that leaves this block's group in flight. Also the probes' check of a CUDA
+// call (CK: prints the failed call and returns 1 from main).
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
+#include <cstdio>
+
+#define CK(x)                                              \
+  do {                                                     \
+    cudaError_t e_ = (x);                                  \
+    if (e_ != cudaSuccess) {                               \
+      std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); \
+      return 1;                                            \
+    }                                                      \
+  } while (0)
 
 #include "tasks/gemm/ptx/wgmma.cuh"
 

@@ -3,16 +3,16 @@
 // warpgroup fences, issues its wgmma for the four k16 steps, commits, and waits until at most one
 // group is in flight (tasks/gemm/device/mainloop_wgmma.cuh). Here the operands stay in shared
 // memory (three rotating stages, no loads), so only the MMA issue and the tensor cores set the
-// pace. One CTA of the two consumer warpgroups per SM, 132 CTAs. Splits (rows x columns of a tile,
-// and each warpgroup's wgmma per k16 step):
-//   full      128 x 256: each m64n256                           (a full up or down tile)
-//   short     64 x 256, N split: each m64n128                   (an expert's last M-tile of <= 64
-//   rows) lone      64 x 256: warpgroup 0 m64n256, warpgroup 1 idle pair3     192 x 128 as 256 x
-//   128 with three blocks: warpgroup 0 rows 0 and 128 (2 x m64n128),
-//             warpgroup 1 rows 64 (m64n128)                   (the paired M-tiles tried before)
-//   even128   192 x 128: each m64n128 (rows 0 / 64) + m64n64 (rows 128, its half of the columns)
-//   even256   192 x 256: each m64n256 (rows 0 / 64) + m64n128 (rows 128, its half)
-//   pair4     256 x 128: each 2 x m64n128
+// pace. One CTA of the two consumer warpgroups per SM, 132 CTAs. Splits (rows x columns of a
+// tile; each warpgroup's wgmma per k16 step):
+// - full: 128 x 256, each m64n256 (a full up or down tile);
+// - short: 64 x 256 split along N, each m64n128 (an expert's last M-tile of at most 64 rows);
+// - lone: 64 x 256, warpgroup 0 m64n256, warpgroup 1 idle;
+// - pair3: 192 x 128 as 256 x 128 with three blocks, warpgroup 0 rows 0 and 128 (2 x m64n128),
+//   warpgroup 1 rows 64 (m64n128) (the paired M-tiles tried before);
+// - even128: 192 x 128, each m64n128 (rows 0 / 64) + m64n64 (rows 128, its half of the columns);
+// - even256: 192 x 256, each m64n256 (rows 0 / 64) + m64n128 (rows 128, its half);
+// - pair4: 256 x 128, each 2 x m64n128.
 // nvcc -O3 -std=c++17 -arch=sm_90a -I<repo> wgmma_split_probe.cu -o wgmma_split_probe
 // (results: docs/results/wgmma_split_probe_h200.txt).
 #include <cuda_runtime.h>
@@ -25,15 +25,6 @@
 #include "docs/results/wgmma_k_block.cuh"
 #include "tasks/gemm/ptx/smem.cuh"
 #include "tasks/gemm/ptx/wgmma.cuh"
-
-#define CK(x)                                              \
-  do {                                                     \
-    cudaError_t e_ = (x);                                  \
-    if (e_ != cudaSuccess) {                               \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); \
-      return 1;                                            \
-    }                                                      \
-  } while (0)
 
 namespace ptx = loom::tasks::gemm::ptx;
 
