@@ -509,7 +509,7 @@ struct GemmTileTask {
       float head[128], tail[impl::kTallTailCols / 2];
       if (wgmma) {
         impl::consume_tall_tile(head, tail, op, job, sm, base, ctx, warp);
-      } else {
+      } else {  // two passes over K, one a block: the fallback is correct, not fast
         impl::mma_sync_mainloop<256, true>(head, op, job, sm.stages, head_wt, true);
         impl::mma_sync_mainloop<impl::kTallTailCols, true>(tail, op, job, sm.stages, tail_wt, true);
       }
